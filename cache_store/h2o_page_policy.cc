@@ -1,0 +1,83 @@
+// h2o_page: page-level H2O. Tokens accumulate attention exactly as in h2o; a
+// page's score is the mean score of its tokens, and over budget the full
+// pages holding no protected token are evicted whole, lowest mean first (ties
+// to the page holding the older token). Evicting whole pages rounds the count
+// up to a multiple of page_tokens, and after compaction every emptied page is
+// back in the pool. If too few such pages exist (protected tokens spread over
+// many pages), the rest is evicted token by token, as h2o would, so the
+// budget always holds.
+#include <algorithm>
+#include <limits>
+
+#include "cache_store/policy_registry.h"
+
+namespace kvkeep {
+namespace {
+
+class H2OPagePolicy final : public EvictionPolicy {
+ public:
+  explicit H2OPagePolicy(CommonParams common) : EvictionPolicy(common) {}
+  absl::string_view name() const override { return "h2o_page"; }
+  EvictionTrigger trigger() const override {
+    return EvictionTrigger::kOnAttention;
+  }
+  void Observe(LayerTokens t, const StepAttention& step) const override {
+    for (int32_t r = 0; r < step.num_rows; ++r) {
+      const float* row = step.row(r);
+      for (int64_t s = 0; s < step.num_slots; ++s) t.score[s] += row[s];
+    }
+  }
+  void SelectVictims(LayerTokens t, int64_t count,
+                     std::vector<RankedItem>& scratch,
+                     std::vector<int32_t>* victims) const override {
+    const int32_t p = t.page_tokens;
+    const int64_t full_pages = t.size() / p;
+    std::vector<float> mean(full_pages);
+    std::vector<int64_t> oldest(full_pages);
+    std::vector<uint8_t> eligible(full_pages);
+    for (int64_t page = 0; page < full_pages; ++page) {
+      float sum = 0.0f;
+      int64_t first = std::numeric_limits<int64_t>::max();
+      bool ok = true;
+      for (int64_t s = page * p; s < (page + 1) * p; ++s) {
+        sum += t.score[s];
+        first = std::min(first, t.arrival[s]);
+        ok = ok && !IsProtected(t.arrival[s], t.appended);
+      }
+      mean[page] = sum / static_cast<float>(p);
+      oldest[page] = first;
+      eligible[page] = ok;
+    }
+    std::vector<int32_t> pages;
+    SelectLowest(
+        full_pages, (count + p - 1) / p, [&](int64_t i) { return mean[i]; },
+        [&](int64_t i) { return oldest[i]; },
+        [&](int64_t i) { return eligible[i] != 0; }, scratch, &pages);
+    const size_t before = victims->size();
+    for (int32_t page : pages) {
+      for (int64_t s = int64_t{page} * p; s < int64_t{page + 1} * p; ++s) {
+        victims->push_back(static_cast<int32_t>(s));
+      }
+    }
+    const int64_t chosen = static_cast<int64_t>(victims->size() - before);
+    if (chosen >= count) return;
+    // Not enough whole pages: finish token by token, outside chosen pages.
+    std::vector<uint8_t> taken(t.size(), 0);
+    for (size_t i = before; i < victims->size(); ++i) taken[(*victims)[i]] = 1;
+    SelectLowest(
+        t.size(), count - chosen, [&](int64_t i) { return t.score[i]; },
+        [&](int64_t i) { return t.arrival[i]; },
+        [&](int64_t i) {
+          return !taken[i] && !IsProtected(t.arrival[i], t.appended);
+        },
+        scratch, victims);
+  }
+};
+
+}  // namespace
+
+PolicyPtr NewH2OPagePolicy(ParamReader& params) {
+  return std::make_shared<H2OPagePolicy>(params.Common(0, 0));
+}
+
+}  // namespace kvkeep

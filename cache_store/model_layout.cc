@@ -1,0 +1,53 @@
+#include "cache_store/model_layout.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace kvkeep {
+namespace {
+
+absl::Status CheckRange(absl::string_view layout, absl::string_view field,
+                        int64_t value, int64_t lo, int64_t hi) {
+  if (value < lo || value > hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout '", layout, "': ", field, " = ", value,
+                     " is outside [", lo, ", ", hi, "]"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateLayout(const ModelLayout& l) {
+  if (l.name.empty()) {
+    return absl::InvalidArgumentError("layout name must not be empty");
+  }
+  for (const auto& [field, value, hi] :
+       {std::tuple<absl::string_view, int64_t, int64_t>{"num_layers",
+                                                        l.num_layers, 1024},
+        {"kv_heads", l.kv_heads, 1024},
+        {"query_heads", l.query_heads, 4096},
+        {"head_dim", l.head_dim, 1024},
+        {"page_tokens", l.page_tokens, 4096}}) {
+    if (absl::Status s = CheckRange(l.name, field, value, 1, hi); !s.ok()) {
+      return s;
+    }
+  }
+  if (l.query_heads % l.kv_heads != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout '", l.name, "': query_heads (", l.query_heads,
+                     ") must be a multiple of kv_heads (", l.kv_heads, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DType> ParseDType(absl::string_view name) {
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    if (name == absl::string_view(DTypeName(t).data(), DTypeName(t).size())) {
+      return t;
+    }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown dtype '", name, "' (expected f32, f16 or bf16)"));
+}
+
+}  // namespace kvkeep

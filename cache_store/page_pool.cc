@@ -1,0 +1,106 @@
+#include "cache_store/page_pool.h"
+
+#include <cassert>
+#include <limits>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvkeep {
+namespace {
+constexpr OwnerId kNoOwner = std::numeric_limits<OwnerId>::max();
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(
+    const PageLayout& layout, int64_t capacity_pages) {
+  if (capacity_pages <= 0 ||
+      capacity_pages > std::numeric_limits<PageId>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pool capacity must be in [1, 2^31) pages, got ", capacity_pages));
+  }
+  if (layout.page_bytes() <= 0) {
+    return absl::InvalidArgumentError("page layout has no bytes");
+  }
+  const int64_t bytes = capacity_pages * layout.page_bytes();
+  // Default-initialised: the kernel backs the memory lazily as pages are
+  // first written, so a large, mostly idle pool costs little.
+  std::unique_ptr<std::byte[]> arena(new (std::nothrow) std::byte[bytes]);
+  if (arena == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot reserve ", bytes,
+                                                     " bytes for a pool of ",
+                                                     capacity_pages, " pages"));
+  }
+  return std::unique_ptr<PagePool>(
+      new PagePool(layout, capacity_pages, std::move(arena)));
+}
+
+PagePool::PagePool(const PageLayout& layout, int64_t capacity_pages,
+                   std::unique_ptr<std::byte[]> arena)
+    : layout_(layout),
+      capacity_pages_(capacity_pages),
+      arena_(std::move(arena)) {
+  absl::MutexLock lock(&mu_);
+  free_.reserve(capacity_pages);
+  // Lowest ids on top, so a fresh pool hands out 0, 1, 2, ...
+  for (int64_t p = capacity_pages - 1; p >= 0; --p) {
+    free_.push_back(static_cast<PageId>(p));
+  }
+#ifndef NDEBUG
+  owner_of_.assign(capacity_pages, kNoOwner);
+#endif
+}
+
+absl::Status PagePool::Allocate(OwnerId owner, int64_t n,
+                                std::vector<PageId>* pages) {
+  if (n <= 0) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  const int64_t available = static_cast<int64_t>(free_.size());
+  if (n > available) {
+    ++allocation_failures_;
+    return absl::ResourceExhaustedError(
+        absl::StrCat("page pool exhausted: need ", n, " pages, ", available,
+                     " of ", capacity_pages_, " free"));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const PageId p = free_.back();
+    free_.pop_back();
+#ifndef NDEBUG
+    owner_of_[p] = owner;
+#endif
+    pages->push_back(p);
+  }
+  held_[owner] += n;
+  return absl::OkStatus();
+}
+
+void PagePool::Free(OwnerId owner, std::span<const PageId> pages) {
+  if (pages.empty()) return;
+  absl::MutexLock lock(&mu_);
+  for (PageId p : pages) {
+#ifndef NDEBUG
+    assert(owner_of_[p] == owner && "page freed by an owner that lacks it");
+    owner_of_[p] = kNoOwner;
+#endif
+    free_.push_back(p);
+  }
+  auto it = held_.find(owner);
+  assert(it != held_.end() && it->second >= static_cast<int64_t>(pages.size()));
+  it->second -= static_cast<int64_t>(pages.size());
+  if (it->second == 0) held_.erase(it);
+}
+
+int64_t PagePool::PagesHeldBy(OwnerId owner) const {
+  absl::MutexLock lock(&mu_);
+  auto it = held_.find(owner);
+  return it == held_.end() ? 0 : it->second;
+}
+
+PoolStats PagePool::stats() const {
+  absl::MutexLock lock(&mu_);
+  return PoolStats{capacity_pages_,
+                   capacity_pages_ - static_cast<int64_t>(free_.size()),
+                   layout_.page_bytes(), static_cast<int64_t>(held_.size()),
+                   allocation_failures_};
+}
+
+}  // namespace kvkeep

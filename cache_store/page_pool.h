@@ -1,0 +1,81 @@
+// PagePool hands out the fixed-size pages of one arena, and accounts for them
+// per owner (a session). Allocation and release are O(1) per page; a request
+// for n pages is all or nothing. The pool never over-commits: when pages run
+// out, Allocate returns RESOURCE_EXHAUSTED and changes nothing.
+//
+// The arena's bytes are owned by the pool; a page's bytes belong to whoever
+// holds the page, who reads and writes them through data(). Thread-safe.
+#ifndef KVKEEP_CACHE_STORE_PAGE_POOL_H_
+#define KVKEEP_CACHE_STORE_PAGE_POOL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/page_layout.h"
+
+namespace kvkeep {
+
+using OwnerId = uint64_t;
+
+struct PoolStats {
+  int64_t capacity_pages = 0;
+  int64_t used_pages = 0;
+  int64_t page_bytes = 0;
+  int64_t owners = 0;               // owners holding at least one page
+  int64_t allocation_failures = 0;  // RESOURCE_EXHAUSTED answers so far
+};
+
+class PagePool {
+ public:
+  // Reserves capacity_pages * layout.page_bytes() bytes of host memory.
+  static absl::StatusOr<std::unique_ptr<PagePool>> Create(
+      const PageLayout& layout, int64_t capacity_pages);
+
+  PagePool(const PagePool&) = delete;
+  PagePool& operator=(const PagePool&) = delete;
+
+  // Appends n pages to *pages and charges them to owner, or returns
+  // RESOURCE_EXHAUSTED (naming the shortfall) and changes nothing.
+  [[nodiscard]] absl::Status Allocate(OwnerId owner, int64_t n,
+                                      std::vector<PageId>* pages);
+
+  // Returns pages held by owner. Freeing a page the owner does not hold is a
+  // programming error caught in debug builds.
+  void Free(OwnerId owner, std::span<const PageId> pages);
+
+  int64_t PagesHeldBy(OwnerId owner) const;
+  PoolStats stats() const;
+
+  const PageLayout& layout() const { return layout_; }
+  // The arena. Bytes of page p: [p * page_bytes, (p + 1) * page_bytes).
+  std::byte* data() { return arena_.get(); }
+  const std::byte* data() const { return arena_.get(); }
+
+ private:
+  PagePool(const PageLayout& layout, int64_t capacity_pages,
+           std::unique_ptr<std::byte[]> arena);
+
+  const PageLayout layout_;
+  const int64_t capacity_pages_;
+  const std::unique_ptr<std::byte[]> arena_;
+
+  mutable absl::Mutex mu_;
+  std::vector<PageId> free_ ABSL_GUARDED_BY(mu_);  // a stack of free pages
+  absl::flat_hash_map<OwnerId, int64_t> held_ ABSL_GUARDED_BY(mu_);
+  int64_t allocation_failures_ ABSL_GUARDED_BY(mu_) = 0;
+#ifndef NDEBUG
+  std::vector<OwnerId> owner_of_ ABSL_GUARDED_BY(mu_);  // debug check only
+#endif
+};
+
+}  // namespace kvkeep
+
+#endif  // KVKEEP_CACHE_STORE_PAGE_POOL_H_

@@ -1,0 +1,85 @@
+#include "cache_store/policy_params.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace kvkeep {
+
+const std::string* ParamReader::Find(absl::string_view key) {
+  used_.emplace(key);
+  auto it = spec_.params.find(std::string(key));
+  return it == spec_.params.end() ? nullptr : &it->second;
+}
+
+void ParamReader::Fail(std::string message) {
+  if (error_.ok()) {
+    error_ = absl::InvalidArgumentError(
+        absl::StrCat("policy '", spec_.name, "': ", message));
+  }
+}
+
+int64_t ParamReader::Int(absl::string_view key, int64_t def, int64_t lo,
+                         int64_t hi) {
+  const std::string* text = Find(key);
+  if (text == nullptr) return def;
+  int64_t v;
+  if (!absl::SimpleAtoi(*text, &v)) {
+    Fail(absl::StrCat(key, " = '", *text, "' is not an integer"));
+    return def;
+  }
+  if (v < lo || v > hi) {
+    Fail(absl::StrCat(key, " = ", v, " is outside [", lo, ", ", hi, "]"));
+    return def;
+  }
+  return v;
+}
+
+double ParamReader::Double(absl::string_view key, double def, double lo,
+                           double hi) {
+  const std::string* text = Find(key);
+  if (text == nullptr) return def;
+  double v;
+  if (!absl::SimpleAtod(*text, &v) || !(v >= lo && v <= hi)) {
+    Fail(absl::StrCat(key, " = '", *text, "' is not a number in [", lo, ", ",
+                      hi, "]"));
+    return def;
+  }
+  return v;
+}
+
+std::string ParamReader::Choice(
+    absl::string_view key, absl::string_view def,
+    std::initializer_list<absl::string_view> choices) {
+  const std::string* text = Find(key);
+  if (text == nullptr) return std::string(def);
+  for (absl::string_view c : choices) {
+    if (*text == c) return *text;
+  }
+  Fail(absl::StrCat(key, " = '", *text, "' is not one of ",
+                    absl::StrJoin(choices, ", ")));
+  return std::string(def);
+}
+
+CommonParams ParamReader::Common(int64_t default_sinks,
+                                 int64_t default_recent) {
+  CommonParams c;
+  c.sinks = Tokens("sinks", default_sinks);
+  c.recent = Tokens("recent", default_recent);
+  c.slack = Tokens("slack", 0);
+  return c;
+}
+
+absl::Status ParamReader::Finish() const {
+  if (!error_.ok()) return error_;
+  for (const auto& [key, value] : spec_.params) {
+    if (!used_.contains(key)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("policy '", spec_.name, "' has no parameter '", key,
+                       "'; it takes: ", absl::StrJoin(used_, ", ")));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvkeep

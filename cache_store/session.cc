@@ -1,0 +1,502 @@
+#include "cache_store/session.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/attention.h"
+
+namespace kvkeep {
+namespace {
+
+// A probability row may exceed 1 by rounding only (bf16 attention sums to
+// 1 +- 0.4%); anything past this is a bug in the caller's input.
+constexpr float kRowSumTolerance = 1e-2f;
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Per-thread buffers for a step's attention rows and query logits, so memory
+// scales with threads, not sessions, and the hot path does not allocate.
+struct AttentionScratch {
+  std::vector<float> rows;
+  std::vector<int64_t> offsets;
+  std::vector<float> logits;
+};
+AttentionScratch& ThreadScratch() {
+  thread_local AttentionScratch scratch;
+  return scratch;
+}
+
+absl::string_view SourceName(ScoreSource s) {
+  switch (s) {
+    case ScoreSource::kPerHead:
+      return "per-head probabilities";
+    case ScoreSource::kReduced:
+      return "head-reduced probabilities";
+    case ScoreSource::kQueries:
+      return "queries";
+  }
+  return "?";
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Session>> Session::Create(
+    SessionId id, const ModelLayout& layout, PagePool* pool, PolicyPtr policy,
+    std::vector<int64_t> layer_budgets) {
+  if (static_cast<int32_t>(layer_budgets.size()) != layout.num_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("got ", layer_budgets.size(), " layer budgets for ",
+                     layout.num_layers, " layers"));
+  }
+  for (size_t l = 0; l < layer_budgets.size(); ++l) {
+    if (absl::Status s =
+            policy->ValidateBudget(layer_budgets[l], layout.page_tokens);
+        !s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat("layer ", l, ": ", s.message()));
+    }
+  }
+  return std::unique_ptr<Session>(new Session(
+      id, layout, pool, std::move(policy), std::move(layer_budgets)));
+}
+
+Session::Session(SessionId id, const ModelLayout& layout, PagePool* pool,
+                 PolicyPtr policy, std::vector<int64_t> layer_budgets)
+    : id_(id),
+      layout_(layout),
+      page_layout_(layout.page_layout()),
+      pool_(pool),
+      policy_(std::move(policy)),
+      layers_(layout.num_layers) {
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    layers_[l].budget = layer_budgets[l];
+  }
+}
+
+Session::~Session() {
+  for (Layer& layer : layers_) pool_->Free(id_, layer.pages);
+}
+
+LayerTokens Session::Tokens(Layer& layer) {
+  return LayerTokens{layer.arrival, layer.score, layer.history, layer.appended,
+                     layout_.page_tokens};
+}
+
+int64_t Session::Excess(const Layer& layer) const {
+  if (layer.size() <= layer.budget) return 0;
+  return layer.size() - (layer.budget - policy_->common().slack);
+}
+
+StepResult Session::EmptyResult() const {
+  StepResult result;
+  result.layers.resize(layers_.size());
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    result.layers[l].layer = static_cast<int32_t>(l);
+  }
+  return result;
+}
+
+void Session::Evict(Layer& layer, int64_t count, LayerChange& change) {
+  if (count <= 0) return;
+  victims_.clear();
+  policy_->SelectVictims(Tokens(layer), count, select_scratch_, &victims_);
+  if (victims_.empty()) return;
+  const int64_t old_size = layer.size();
+  const int64_t new_size = old_size - static_cast<int64_t>(victims_.size());
+
+  for (int32_t v : victims_) {
+    change.evicted_positions.push_back(layer.position[v]);
+    evicted_score_ += layer.score[v];
+  }
+  evicted_tokens_ += static_cast<int64_t>(victims_.size());
+
+  const std::vector<SlotMove> moves =
+      PlanCompaction(victims_, old_size, evicted_flags_);
+  MoveSlotBytes(pool_->data(), page_layout_, layer.pages, moves);
+  MoveSlotValues(layer.position, moves, new_size);
+  MoveSlotValues(layer.arrival, moves, new_size);
+  MoveSlotValues(layer.score, moves, new_size);
+  if (!layer.history.empty()) MoveSlotValues(layer.history, moves, new_size);
+  change.moves.insert(change.moves.end(), moves.begin(), moves.end());
+
+  const int64_t keep_pages = CeilDiv(new_size, layout_.page_tokens);
+  const std::span<const PageId> freed(layer.pages.begin() + keep_pages,
+                                      layer.pages.end());
+  pool_->Free(id_, freed);
+  change.pages_freed.insert(change.pages_freed.end(), freed.begin(),
+                            freed.end());
+  layer.pages.resize(keep_pages);
+  ++layer.version;
+}
+
+absl::StatusOr<StepResult> Session::Append(const AppendRequest& request) {
+  const int64_t n = static_cast<int64_t>(request.positions.size());
+  if (n == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session ", id_, ": append of zero tokens"));
+  }
+  if (static_cast<int32_t>(request.layers.size()) != layout_.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session ", id_, ": append has ", request.layers.size(),
+        " layers, layout '", layout_.name, "' has ", layout_.num_layers));
+  }
+  int64_t previous = last_position_;
+  for (int64_t i = 0; i < n; ++i) {
+    if (request.positions[i] <= previous) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "session ", id_, ": positions must strictly increase; token ", i,
+          " has position ", request.positions[i], " after ", previous));
+    }
+    previous = request.positions[i];
+  }
+  const int64_t token_bytes = page_layout_.token_bytes();
+  for (size_t l = 0; l < request.layers.size(); ++l) {
+    const LayerKv& kv = request.layers[l];
+    if (static_cast<int64_t>(kv.keys.size()) != n * token_bytes ||
+        static_cast<int64_t>(kv.values.size()) != n * token_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "session ", id_, ": layer ", l, " keys/values have ", kv.keys.size(),
+          "/", kv.values.size(), " bytes, expected ", n * token_bytes,
+          " each (", n, " tokens x ", layout_.kv_heads, " kv heads x ",
+          layout_.head_dim, " x ", std::string(DTypeName(layout_.dtype)), ")"));
+    }
+  }
+
+  // Pages first, all or nothing, so a full pool changes nothing.
+  const bool settle = policy_->trigger() == EvictionTrigger::kOnAttention;
+  int64_t pages_needed = 0;
+  std::vector<int64_t> settle_count(layers_.size(), 0);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& layer = layers_[l];
+    if (settle) settle_count[l] = Excess(layer);
+    // Pages always number ceil(size / page_tokens). A page-level policy may
+    // settle a few tokens more than asked, which can cost one more page.
+    const int64_t kept = layer.size() - settle_count[l];
+    pages_needed += CeilDiv(kept + n, layout_.page_tokens) -
+                    CeilDiv(kept, layout_.page_tokens) +
+                    (settle_count[l] > 0 ? 1 : 0);
+  }
+  std::vector<PageId> new_pages;
+  if (absl::Status s = pool_->Allocate(id_, pages_needed, &new_pages);
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("session ", id_, ": append of ",
+                                               n, " tokens: ", s.message()));
+  }
+
+  StepResult result = EmptyResult();
+  size_t next_page = 0;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    Layer& layer = layers_[l];
+    LayerChange& change = result.layers[l];
+    Evict(layer, settle_count[l], change);
+
+    const int64_t first = layer.size();
+    const int64_t size = first + n;
+    const int64_t pages_wanted = CeilDiv(size, layout_.page_tokens);
+    while (static_cast<int64_t>(layer.pages.size()) < pages_wanted) {
+      layer.pages.push_back(new_pages[next_page]);
+      change.pages_added.push_back(new_pages[next_page]);
+      ++next_page;
+    }
+    const LayerKv& kv = request.layers[l];
+    std::byte* arena = pool_->data();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t slot = first + i;
+      const PageId page = layer.pages[slot / layout_.page_tokens];
+      const int32_t in_page = static_cast<int32_t>(slot % layout_.page_tokens);
+      std::memcpy(arena + page_layout_.key_offset(page, in_page),
+                  kv.keys.data() + i * token_bytes, token_bytes);
+      std::memcpy(arena + page_layout_.value_offset(page, in_page),
+                  kv.values.data() + i * token_bytes, token_bytes);
+    }
+    layer.position.insert(layer.position.end(), request.positions.begin(),
+                          request.positions.end());
+    for (int64_t i = 0; i < n; ++i) layer.arrival.push_back(layer.appended++);
+    layer.score.resize(size);
+    if (policy_->uses_history()) layer.history.resize(size);
+    policy_->OnAppend(Tokens(layer), first);
+    ++layer.version;
+
+    if (policy_->trigger() == EvictionTrigger::kOnAppend) {
+      Evict(layer, Excess(layer), change);
+    }
+    change.version = layer.version;
+    change.resident = layer.size();
+  }
+  // Pages were reserved for the worst case; return any the layers did not
+  // take (a settle eviction can leave a partly filled tail page).
+  if (next_page < new_pages.size()) {
+    pool_->Free(id_, std::span<const PageId>(new_pages).subspan(next_page));
+  }
+  last_position_ = request.positions[n - 1];
+  return result;
+}
+
+absl::Status Session::CheckLayerIndex(int32_t layer) const {
+  if (layer < 0 || layer >= layout_.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("session ", id_, ": layer ",
+                                                   layer, " is outside [0, ",
+                                                   layout_.num_layers, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Session::ComputeAttention(std::span<const LayerScores> scores,
+                                       std::vector<float>& rows_out,
+                                       std::vector<int64_t>& offsets) {
+  // Shapes, versions and duplicates first: they are cheap and fail fast.
+  absl::flat_hash_set<int32_t> seen;
+  int64_t total = 0;
+  offsets.clear();
+  for (const LayerScores& in : scores) {
+    if (absl::Status s = CheckLayerIndex(in.layer); !s.ok()) return s;
+    if (!seen.insert(in.layer).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "session ", id_, ": layer ", in.layer, " appears twice in one step"));
+    }
+    const Layer& layer = layers_[in.layer];
+    if (in.version != layer.version) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "session ", id_, ": stale version for layer ", in.layer,
+          ": attention was computed at version ", in.version,
+          ", the layer is at version ", layer.version,
+          " (its slots changed since; recompute over the current block "
+          "table)"));
+    }
+    const int64_t n = layer.size();
+    if (in.rows < 1 || in.rows > n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "session ", id_, ": layer ", in.layer, ": rows = ", in.rows,
+          " must be in [1, resident tokens = ", n, "]"));
+    }
+    int64_t expected = 0;
+    std::string shape;
+    switch (in.source) {
+      case ScoreSource::kPerHead:
+        expected = int64_t{layout_.query_heads} * in.rows * n;
+        shape = absl::StrCat("[query_heads ", layout_.query_heads, "][rows ",
+                             in.rows, "][resident ", n, "]");
+        break;
+      case ScoreSource::kReduced:
+        expected = int64_t{in.rows} * n;
+        shape = absl::StrCat("[rows ", in.rows, "][resident ", n, "]");
+        break;
+      case ScoreSource::kQueries:
+        if (layout_.keys_pre_rope) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "session ", id_, ": layout '", layout_.name,
+              "' stores keys before RoPE, so the store cannot score "
+              "queries against them; send attention probabilities"));
+        }
+        expected = int64_t{in.rows} * layout_.query_heads * layout_.head_dim;
+        shape = absl::StrCat("[rows ", in.rows, "][query_heads ",
+                             layout_.query_heads, "][head_dim ",
+                             layout_.head_dim, "]");
+        break;
+    }
+    if (static_cast<int64_t>(in.data.size()) != expected) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("session ", id_, ": layer ", in.layer, ": ",
+                       SourceName(in.source), " have ", in.data.size(),
+                       " floats, expected ", expected, " = ", shape));
+    }
+    offsets.push_back(total);
+    total += int64_t{in.rows} * n;
+  }
+
+  rows_out.resize(total);
+  for (size_t i = 0; i < scores.size(); ++i) {
+    const LayerScores& in = scores[i];
+    Layer& layer = layers_[in.layer];
+    const int64_t n = layer.size();
+    float* out = rows_out.data() + offsets[i];
+    if (in.source == ScoreSource::kQueries) {
+      for (float q : in.data) {
+        if (!std::isfinite(q)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("session ", id_, ": layer ", in.layer,
+                           ": queries contain a non-finite value"));
+        }
+      }
+      // Query row r belongs to the token that arrived (rows - 1 - r) before
+      // the newest; it must still be resident.
+      std::vector<int64_t> row_order(in.rows);
+      for (int32_t r = 0; r < in.rows; ++r) {
+        row_order[r] = layer.appended - in.rows + r;
+      }
+      const int64_t oldest = row_order[0];
+      int64_t found = 0;
+      for (int64_t a : layer.arrival) found += a >= oldest ? 1 : 0;
+      if (found != in.rows) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("session ", id_, ": layer ", in.layer, ": ", in.rows,
+                         " query rows need the last ", in.rows,
+                         " appended tokens resident; ", found, " are"));
+      }
+      std::vector<float>& logits = ThreadScratch().logits;
+      logits.resize(int64_t{layout_.query_heads} * n);
+      PagedKeys keys{pool_->data(), page_layout_, layer.pages, layer.arrival,
+                     n};
+      QueryAttention(keys, in.data.data(), row_order.data(), in.rows,
+                     layout_.query_heads, out, logits.data());
+      continue;
+    }
+    RowCheck check;
+    float max_sum;
+    if (in.source == ScoreSource::kPerHead) {
+      check = ReduceHeads(in.data.data(), layout_.query_heads, in.rows, n, out);
+      max_sum = 1.0f + kRowSumTolerance;
+    } else {
+      check = CheckRows(in.data.data(), in.rows, n);
+      std::copy(in.data.begin(), in.data.end(), out);
+      max_sum =
+          static_cast<float>(layout_.query_heads) * (1.0f + kRowSumTolerance);
+    }
+    if (std::isnan(check.min_value) || !std::isfinite(check.max_row_sum)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("session ", id_, ": layer ", in.layer, ": ",
+                       SourceName(in.source), " contain NaN or infinity"));
+    }
+    if (check.min_value < 0.0f) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "session ", id_, ": layer ", in.layer, ": ", SourceName(in.source),
+          " contain a negative value (", check.min_value, ")"));
+    }
+    if (check.max_row_sum > max_sum) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "session ", id_, ": layer ", in.layer, ": ", SourceName(in.source),
+          " have a row summing to ", check.max_row_sum, ", more than ", max_sum,
+          " (attention over resident tokens sums to at most 1 per "
+          "head)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> Session::ApplyAttention(
+    std::span<const LayerScores> scores, bool compress) {
+  AttentionScratch& scratch = ThreadScratch();
+  if (absl::Status s = ComputeAttention(scores, scratch.rows, scratch.offsets);
+      !s.ok()) {
+    return s;
+  }
+  StepResult result = EmptyResult();
+  for (size_t i = 0; i < scores.size(); ++i) {
+    Layer& layer = layers_[scores[i].layer];
+    const StepAttention step{scratch.rows.data() + scratch.offsets[i],
+                             scores[i].rows, layer.size(), layout_.query_heads};
+    policy_->Observe(Tokens(layer), step);
+    ++score_updates_;
+    const int64_t excess =
+        compress ? std::max<int64_t>(0, layer.size() - layer.budget)
+                 : Excess(layer);
+    Evict(layer, excess, result.layers[scores[i].layer]);
+  }
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    result.layers[l].version = layers_[l].version;
+    result.layers[l].resident = layers_[l].size();
+  }
+  if (compress) compressed_ = true;
+  return result;
+}
+
+absl::StatusOr<StepResult> Session::UpdateScores(
+    std::span<const LayerScores> scores) {
+  if (policy_->trigger() != EvictionTrigger::kOnAttention) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session ", id_, ": policy '", policy_->name(),
+                     "' does not use per-step attention scores"));
+  }
+  return ApplyAttention(scores, /*compress=*/false);
+}
+
+absl::StatusOr<StepResult> Session::CompressPrompt(
+    std::span<const LayerScores> window) {
+  if (policy_->trigger() != EvictionTrigger::kOnCompress) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session ", id_, ": policy '", policy_->name(),
+                     "' does not compress prompts (use snapkv)"));
+  }
+  if (compressed_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session ", id_, ": the prompt was already compressed"));
+  }
+  const int64_t window_rows = policy_->common().recent;
+  for (const LayerScores& in : window) {
+    if (in.rows != window_rows) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "session ", id_, ": layer ", in.layer, ": compression needs the ",
+          window_rows, " rows of the observation window, got ", in.rows));
+    }
+  }
+  return ApplyAttention(window, /*compress=*/true);
+}
+
+absl::StatusOr<BlockTable> Session::GetBlockTable(int32_t index) const {
+  if (absl::Status s = CheckLayerIndex(index); !s.ok()) return s;
+  const Layer& layer = layers_[index];
+  BlockTable table;
+  table.layer = index;
+  table.version = layer.version;
+  table.page_tokens = layout_.page_tokens;
+  table.pages = layer.pages;
+  table.positions = layer.position;
+  std::vector<int32_t> order(layer.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return layer.position[a] < layer.position[b];
+  });
+  table.cache_positions.resize(layer.size());
+  for (size_t rank = 0; rank < order.size(); ++rank) {
+    table.cache_positions[order[rank]] = static_cast<int64_t>(rank);
+  }
+  return table;
+}
+
+absl::StatusOr<LayerKvCopy> Session::ReadLayer(int32_t index) const {
+  if (absl::Status s = CheckLayerIndex(index); !s.ok()) return s;
+  const Layer& layer = layers_[index];
+  const int64_t token_bytes = page_layout_.token_bytes();
+  LayerKvCopy copy;
+  copy.version = layer.version;
+  copy.positions = layer.position;
+  copy.keys.resize(layer.size() * token_bytes);
+  copy.values.resize(layer.size() * token_bytes);
+  const std::byte* arena = pool_->data();
+  for (int64_t s = 0; s < layer.size(); ++s) {
+    const PageId page = layer.pages[s / layout_.page_tokens];
+    const int32_t in_page = static_cast<int32_t>(s % layout_.page_tokens);
+    std::memcpy(copy.keys.data() + s * token_bytes,
+                arena + page_layout_.key_offset(page, in_page), token_bytes);
+    std::memcpy(copy.values.data() + s * token_bytes,
+                arena + page_layout_.value_offset(page, in_page), token_bytes);
+  }
+  return copy;
+}
+
+SessionStats Session::stats() const {
+  SessionStats s;
+  s.id = id_;
+  s.layout = layout_.name;
+  s.policy = std::string(policy_->name());
+  for (const Layer& layer : layers_) {
+    s.resident_tokens += layer.size();
+    s.pages += static_cast<int64_t>(layer.pages.size());
+    s.layer_resident.push_back(layer.size());
+    s.layer_budget.push_back(layer.budget);
+    s.layer_version.push_back(layer.version);
+  }
+  s.bytes = s.pages * page_layout_.page_bytes();
+  s.evicted_tokens = evicted_tokens_;
+  s.evicted_score = evicted_score_;
+  s.score_updates = score_updates_;
+  s.compressed = compressed_;
+  return s;
+}
+
+}  // namespace kvkeep

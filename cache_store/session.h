@@ -1,0 +1,112 @@
+// Session: one sequence's KV cache. It owns, per layer, the pages holding the
+// resident tokens' keys and values (dense in slots [0, resident)), each slot's
+// original position, arrival order and policy state, and a version that every
+// change to the layer's slots bumps. It asks its policy what to evict and
+// compacts the survivors so no page has holes; emptied pages go back to the
+// pool at once. Every call either succeeds and reports what it changed, or
+// fails with a status and changes nothing.
+//
+// Not thread-safe: the store serialises the calls on one session.
+#ifndef KVKEEP_CACHE_STORE_SESSION_H_
+#define KVKEEP_CACHE_STORE_SESSION_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cache_store/model_layout.h"
+#include "cache_store/page_pool.h"
+#include "cache_store/policy_registry.h"
+#include "cache_store/session_types.h"
+
+namespace kvkeep {
+
+class Session {
+ public:
+  // Validates the policy against every layer budget. `pool` must outlive the
+  // session and serve `layout`.
+  static absl::StatusOr<std::unique_ptr<Session>> Create(
+      SessionId id, const ModelLayout& layout, PagePool* pool, PolicyPtr policy,
+      std::vector<int64_t> layer_budgets);
+  ~Session();  // returns every page to the pool
+
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // Appends tokens to every layer (see AppendRequest). Content-blind policies
+  // then evict down to budget. An attention-driven policy whose layer is
+  // still over budget (no scores arrived since the last append) first evicts
+  // it down to budget with the scores it has.
+  absl::StatusOr<StepResult> Append(const AppendRequest& request);
+
+  // Folds one step's attention into the listed layers' scores and evicts any
+  // layer over budget. All inputs are checked before any is applied.
+  absl::StatusOr<StepResult> UpdateScores(std::span<const LayerScores> scores);
+
+  // snapkv only, once: compresses the prompt with the observation window's
+  // attention (rows = the window: the last `window` tokens appended).
+  absl::StatusOr<StepResult> CompressPrompt(
+      std::span<const LayerScores> window);
+
+  absl::StatusOr<BlockTable> GetBlockTable(int32_t layer) const;
+  absl::StatusOr<LayerKvCopy> ReadLayer(int32_t layer) const;
+  SessionStats stats() const;
+
+  SessionId id() const { return id_; }
+  const ModelLayout& layout() const { return layout_; }
+  const EvictionPolicy& policy() const { return *policy_; }
+
+ private:
+  struct Layer {
+    std::vector<PageId> pages;
+    std::vector<int64_t> position;  // per slot
+    std::vector<int64_t> arrival;   // per slot
+    std::vector<float> score;       // per slot
+    std::vector<uint64_t>
+        history;  // per slot (empty unless the policy uses it)
+    int64_t appended = 0;
+    uint64_t version = 1;
+    int64_t budget = 0;
+    int64_t size() const { return static_cast<int64_t>(position.size()); }
+  };
+
+  Session(SessionId id, const ModelLayout& layout, PagePool* pool,
+          PolicyPtr policy, std::vector<int64_t> layer_budgets);
+
+  LayerTokens Tokens(Layer& layer);
+  // Tokens to evict so the layer drops to budget - slack, if over budget.
+  int64_t Excess(const Layer& layer) const;
+  // Evicts `count` tokens chosen by the policy, compacts, frees tail pages.
+  void Evict(Layer& layer, int64_t count, LayerChange& change);
+  absl::Status CheckLayerIndex(int32_t layer) const;
+  // Validates `scores` and writes each layer's head-summed rows into
+  // rows_out (one buffer per entry).
+  absl::Status ComputeAttention(std::span<const LayerScores> scores,
+                                std::vector<float>& rows_out,
+                                std::vector<int64_t>& offsets);
+  absl::StatusOr<StepResult> ApplyAttention(std::span<const LayerScores> scores,
+                                            bool compress);
+  StepResult EmptyResult() const;
+
+  const SessionId id_;
+  const ModelLayout layout_;
+  const PageLayout page_layout_;
+  PagePool* const pool_;
+  const PolicyPtr policy_;
+  std::vector<Layer> layers_;
+  int64_t last_position_ = -1;
+  int64_t evicted_tokens_ = 0;
+  double evicted_score_ = 0;
+  int64_t score_updates_ = 0;
+  bool compressed_ = false;
+  // Reused per call to avoid allocating on the hot path.
+  std::vector<RankedItem> select_scratch_;
+  std::vector<int32_t> victims_;
+  std::vector<uint8_t> evicted_flags_;
+};
+
+}  // namespace kvkeep
+
+#endif  // KVKEEP_CACHE_STORE_SESSION_H_

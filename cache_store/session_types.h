@@ -1,0 +1,122 @@
+// The values that go in and out of a session: what to create, what to append,
+// the attention of a step, and what each call changed. Plain values; a request
+// only borrows the caller's buffers for the duration of the call.
+#ifndef KVKEEP_CACHE_STORE_SESSION_TYPES_H_
+#define KVKEEP_CACHE_STORE_SESSION_TYPES_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cache_store/budget.h"
+#include "cache_store/policy_params.h"
+#include "kernels/compaction.h"
+#include "kernels/page_layout.h"
+
+namespace kvkeep {
+
+using SessionId = uint64_t;
+
+struct SessionSpec {
+  std::string layout;  // name of a layout the store serves
+  PolicySpec policy;
+  BudgetSpec budget;
+};
+
+// One layer's keys and values for the n tokens of an append, in the layout's
+// dtype: [n][kv_heads][head_dim] each.
+struct LayerKv {
+  std::span<const std::byte> keys;
+  std::span<const std::byte> values;
+};
+
+// n tokens for every layer: a prefill chunk, or one decode token (n = 1).
+struct AppendRequest {
+  // Original positions, strictly increasing and greater than any appended
+  // before (the same for every layer).
+  std::span<const int64_t> positions;
+  std::span<const LayerKv> layers;  // one per layer, in layer order
+};
+
+// Where a layer's attention for one step comes from.
+enum class ScoreSource {
+  // Probabilities per query head: [query_heads][rows][resident], each row
+  // over the layer's resident slots in slot order.
+  kPerHead,
+  // The same, already summed over query heads by the worker: [rows][resident].
+  kReduced,
+  // Query vectors: [rows][query_heads][head_dim] float32. The store computes
+  // softmax(q K^T / sqrt(head_dim)) over the resident keys itself.
+  kQueries,
+};
+
+// One layer's attention for one step (or a prefill chunk: one row per query,
+// oldest first; the rows belong to the most recently appended tokens).
+struct LayerScores {
+  int32_t layer = 0;
+  uint64_t version = 0;  // the layer version the attention was computed at
+  ScoreSource source = ScoreSource::kReduced;
+  int32_t rows = 1;
+  std::span<const float> data;
+};
+
+// What one call changed in one layer. A worker holding the block table
+// follows it by: applying `moves` in order (the token at from_slot is now at
+// to_slot), truncating to `resident` slots, dropping `pages_freed` from the
+// end of its page list, then appending `pages_added`.
+struct LayerChange {
+  int32_t layer = 0;
+  uint64_t version = 0;                    // after the call
+  int64_t resident = 0;                    // tokens resident after the call
+  std::vector<int64_t> evicted_positions;  // ascending
+  std::vector<SlotMove> moves;
+  std::vector<PageId> pages_freed;  // were the last pages of the block table
+  std::vector<PageId> pages_added;  // now the last pages of the block table
+};
+
+struct StepResult {
+  std::vector<LayerChange> layers;  // every layer, in layer order
+};
+
+// A layer's block table: its pages and, per slot, where the token came from.
+struct BlockTable {
+  int32_t layer = 0;
+  uint64_t version = 0;
+  int32_t page_tokens = 0;
+  std::vector<PageId> pages;       // slot s is in pages[s / page_tokens]
+  std::vector<int64_t> positions;  // per slot: original position
+  // Per slot: the token's index among the resident tokens ordered by
+  // position (0 for the oldest). This is the position a pre-RoPE key is
+  // rotated with under StreamingLLM-style re-indexing.
+  std::vector<int64_t> cache_positions;
+};
+
+// A layer's resident keys and values, copied out in slot order.
+struct LayerKvCopy {
+  uint64_t version = 0;
+  std::vector<int64_t> positions;  // per slot
+  std::vector<std::byte> keys;     // [resident][kv_heads][head_dim]
+  std::vector<std::byte> values;   // [resident][kv_heads][head_dim]
+};
+
+struct SessionStats {
+  SessionId id = 0;
+  std::string layout;
+  std::string policy;
+  int64_t resident_tokens = 0;  // summed over layers
+  int64_t pages = 0;
+  int64_t bytes = 0;           // pages * page bytes
+  int64_t evicted_tokens = 0;  // summed over layers, since creation
+  double evicted_score = 0;    // the policy scores of evicted tokens, summed
+  int64_t score_updates = 0;   // layer score updates applied
+  bool compressed = false;     // snapkv: the prompt was compressed
+  std::vector<int64_t> layer_resident;
+  std::vector<int64_t> layer_budget;
+  std::vector<uint64_t> layer_version;
+};
+
+}  // namespace kvkeep
+
+#endif  // KVKEEP_CACHE_STORE_SESSION_TYPES_H_

@@ -1,0 +1,63 @@
+// Exact, deterministic selection of the k lowest-ranked items: the CPU
+// reference for the eviction selection kernel. Thread-safe (no shared state).
+//
+// Rank: ascending key; equal keys are broken by ascending `tie` (for tokens
+// their arrival order, so the older of two equal tokens goes first), and tie
+// values are unique, so the result is one set whatever the algorithm.
+#ifndef KVKEEP_KERNELS_SELECTION_H_
+#define KVKEEP_KERNELS_SELECTION_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace kvkeep {
+
+struct RankedItem {
+  float key;
+  int32_t index;
+  int64_t tie;
+  friend bool operator<(const RankedItem& a, const RankedItem& b) {
+    if (a.key != b.key) return a.key < b.key;
+    return a.tie < b.tie;
+  }
+};
+
+// Appends to *out the indices of the k lowest-ranked items i in [0, n) for
+// which eligible(i) holds (fewer if fewer are eligible), in rank order.
+// `scratch` is reused between calls to avoid an allocation per step.
+template <typename KeyFn, typename TieFn, typename EligibleFn>
+void SelectLowest(int64_t n, int64_t k, KeyFn key, TieFn tie,
+                  EligibleFn eligible, std::vector<RankedItem>& scratch,
+                  std::vector<int32_t>* out) {
+  if (k <= 0) return;
+  if (k == 1) {  // the decode-step common case: one linear scan
+    bool found = false;
+    RankedItem best{};
+    for (int64_t i = 0; i < n; ++i) {
+      if (!eligible(i)) continue;
+      const RankedItem item{key(i), static_cast<int32_t>(i), tie(i)};
+      if (!found || item < best) {
+        best = item;
+        found = true;
+      }
+    }
+    if (found) out->push_back(best.index);
+    return;
+  }
+  scratch.clear();
+  for (int64_t i = 0; i < n; ++i) {
+    if (eligible(i)) {
+      scratch.push_back({key(i), static_cast<int32_t>(i), tie(i)});
+    }
+  }
+  const int64_t take = std::min<int64_t>(k, scratch.size());
+  std::nth_element(scratch.begin(), scratch.begin() + take, scratch.end());
+  std::sort(scratch.begin(), scratch.begin() + take);
+  for (int64_t i = 0; i < take; ++i) out->push_back(scratch[i].index);
+}
+
+}  // namespace kvkeep
+
+#endif  // KVKEEP_KERNELS_SELECTION_H_

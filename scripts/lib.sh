@@ -1,0 +1,32 @@
+# Shared by scripts/test and scripts/run: install what is missing, configure
+# and build. Sourced, not executed.
+
+# Debian packages the build and the tests need.
+KVKEEP_PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config
+  libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
+)
+
+kvkeep_install_missing() {
+  local missing=()
+  for p in "${KVKEEP_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' ||
+      missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "kvkeep: installing missing packages: ${missing[*]}"
+  local sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}"
+}
+
+# kvkeep_build BUILD_DIR TARGET [extra cmake args...]  (TARGET "all" for all)
+kvkeep_build() {
+  local dir="$1" target="$2"
+  shift 2
+  export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/kvkeep-ccache}"
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+  cmake --build "$dir" --target "$target" --parallel "$(nproc)"
+}
