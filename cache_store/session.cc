@@ -101,10 +101,13 @@ StepResult Session::EmptyResult() const {
   return result;
 }
 
-void Session::Evict(Layer& layer, int64_t count, LayerChange& change) {
+void Session::Evict(Layer& layer, int64_t count, int64_t appended_view,
+                    LayerChange& change) {
   if (count <= 0) return;
   victims_.clear();
-  policy_->SelectVictims(Tokens(layer), count, select_scratch_, &victims_);
+  LayerTokens tokens = Tokens(layer);
+  tokens.appended = appended_view;
+  policy_->SelectVictims(tokens, count, select_scratch_, &victims_);
   if (victims_.empty()) return;
   const int64_t old_size = layer.size();
   const int64_t new_size = old_size - static_cast<int64_t>(victims_.size());
@@ -167,20 +170,59 @@ absl::StatusOr<StepResult> Session::Append(const AppendRequest& request) {
     }
   }
 
-  // Pages first, all or nothing, so a full pool changes nothing.
-  const bool settle = policy_->trigger() == EvictionTrigger::kOnAttention;
+  // Plan each layer's evictions. Every eviction of an append happens before
+  // the new tokens are placed, so a worker can follow one order: moves, then
+  // freed pages, then added pages and the surviving new tokens.
+  struct Plan {
+    int64_t evict = 0;       // resident tokens to evict first
+    int64_t drop_begin = 0;  // new tokens [drop_begin, drop_begin + drop)
+    int64_t drop = 0;        // are evicted on arrival, never written
+    int64_t appended_view = 0;
+  };
+  std::vector<Plan> plans(layers_.size());
+  const CommonParams& common = policy_->common();
   int64_t pages_needed = 0;
-  std::vector<int64_t> settle_count(layers_.size(), 0);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& layer = layers_[l];
-    if (settle) settle_count[l] = Excess(layer);
+    Plan& plan = plans[l];
+    plan.appended_view = layer.appended;
+    switch (policy_->trigger()) {
+      case EvictionTrigger::kOnAttention:
+        // Scores never came for the last append: settle it first.
+        plan.evict = Excess(layer);
+        break;
+      case EvictionTrigger::kOnAppend: {
+        // Content-blind policies evict the oldest unprotected tokens, so
+        // the room for the new ones is made before they arrive, seen as if
+        // they had (the recent window moves by n).
+        plan.appended_view = layer.appended + n;
+        const int64_t after = layer.size() + n;
+        if (after <= layer.budget) break;
+        const int64_t excess = after - (layer.budget - common.slack);
+        const int64_t recent_from = plan.appended_view - common.recent;
+        int64_t evictable = 0;
+        for (int64_t a : layer.arrival) {
+          evictable += (a >= common.sinks && a < recent_from) ? 1 : 0;
+        }
+        plan.evict = std::min(excess, evictable);
+        // A prompt longer than the budget: its oldest unprotected tokens
+        // are evicted on arrival.
+        plan.drop = excess - plan.evict;
+        plan.drop_begin = std::max<int64_t>(0, common.sinks - layer.appended);
+        break;
+      }
+      case EvictionTrigger::kNever:
+      case EvictionTrigger::kOnCompress:
+        break;
+    }
     // Pages always number ceil(size / page_tokens). A page-level policy may
-    // settle a few tokens more than asked, which can cost one more page.
-    const int64_t kept = layer.size() - settle_count[l];
-    pages_needed += CeilDiv(kept + n, layout_.page_tokens) -
+    // evict a few tokens more than asked, which can cost one more page.
+    const int64_t kept = layer.size() - plan.evict;
+    pages_needed += CeilDiv(kept + n - plan.drop, layout_.page_tokens) -
                     CeilDiv(kept, layout_.page_tokens) +
-                    (settle_count[l] > 0 ? 1 : 0);
+                    (plan.evict > 0 ? 1 : 0);
   }
+  // Pages first, all or nothing, so a full pool changes nothing.
   std::vector<PageId> new_pages;
   if (absl::Status s = pool_->Allocate(id_, pages_needed, &new_pages);
       !s.ok()) {
@@ -190,13 +232,15 @@ absl::StatusOr<StepResult> Session::Append(const AppendRequest& request) {
 
   StepResult result = EmptyResult();
   size_t next_page = 0;
+  std::byte* arena = pool_->data();
   for (size_t l = 0; l < layers_.size(); ++l) {
     Layer& layer = layers_[l];
+    const Plan& plan = plans[l];
     LayerChange& change = result.layers[l];
-    Evict(layer, settle_count[l], change);
+    Evict(layer, plan.evict, plan.appended_view, change);
 
     const int64_t first = layer.size();
-    const int64_t size = first + n;
+    const int64_t size = first + n - plan.drop;
     const int64_t pages_wanted = CeilDiv(size, layout_.page_tokens);
     while (static_cast<int64_t>(layer.pages.size()) < pages_wanted) {
       layer.pages.push_back(new_pages[next_page]);
@@ -204,32 +248,34 @@ absl::StatusOr<StepResult> Session::Append(const AppendRequest& request) {
       ++next_page;
     }
     const LayerKv& kv = request.layers[l];
-    std::byte* arena = pool_->data();
+    int64_t slot = first;
     for (int64_t i = 0; i < n; ++i) {
-      const int64_t slot = first + i;
+      const int64_t arrival = layer.appended++;
+      if (i >= plan.drop_begin && i < plan.drop_begin + plan.drop) {
+        change.evicted_positions.push_back(request.positions[i]);
+        continue;
+      }
       const PageId page = layer.pages[slot / layout_.page_tokens];
       const int32_t in_page = static_cast<int32_t>(slot % layout_.page_tokens);
       std::memcpy(arena + page_layout_.key_offset(page, in_page),
                   kv.keys.data() + i * token_bytes, token_bytes);
       std::memcpy(arena + page_layout_.value_offset(page, in_page),
                   kv.values.data() + i * token_bytes, token_bytes);
+      layer.position.push_back(request.positions[i]);
+      layer.arrival.push_back(arrival);
+      ++slot;
     }
-    layer.position.insert(layer.position.end(), request.positions.begin(),
-                          request.positions.end());
-    for (int64_t i = 0; i < n; ++i) layer.arrival.push_back(layer.appended++);
+    evicted_tokens_ += plan.drop;
     layer.score.resize(size);
     if (policy_->uses_history()) layer.history.resize(size);
     policy_->OnAppend(Tokens(layer), first);
     ++layer.version;
-
-    if (policy_->trigger() == EvictionTrigger::kOnAppend) {
-      Evict(layer, Excess(layer), change);
-    }
+    std::sort(change.evicted_positions.begin(), change.evicted_positions.end());
     change.version = layer.version;
     change.resident = layer.size();
   }
   // Pages were reserved for the worst case; return any the layers did not
-  // take (a settle eviction can leave a partly filled tail page).
+  // take (a page-level eviction can free more than planned).
   if (next_page < new_pages.size()) {
     pool_->Free(id_, std::span<const PageId>(new_pages).subspan(next_page));
   }
@@ -395,7 +441,9 @@ absl::StatusOr<StepResult> Session::ApplyAttention(
     const int64_t excess =
         compress ? std::max<int64_t>(0, layer.size() - layer.budget)
                  : Excess(layer);
-    Evict(layer, excess, result.layers[scores[i].layer]);
+    LayerChange& change = result.layers[scores[i].layer];
+    Evict(layer, excess, layer.appended, change);
+    std::sort(change.evicted_positions.begin(), change.evicted_positions.end());
   }
   for (size_t l = 0; l < layers_.size(); ++l) {
     result.layers[l].version = layers_[l].version;

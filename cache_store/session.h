@@ -35,10 +35,14 @@ class Session {
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
-  // Appends tokens to every layer (see AppendRequest). Content-blind policies
-  // then evict down to budget. An attention-driven policy whose layer is
-  // still over budget (no scores arrived since the last append) first evicts
-  // it down to budget with the scores it has.
+  // Appends tokens to every layer (see AppendRequest). Any eviction this
+  // causes happens before the new tokens are placed: content-blind policies
+  // (window, streaming_llm) make room by evicting the oldest unprotected
+  // tokens (and, for a chunk longer than the budget, its own oldest
+  // unprotected tokens are evicted on arrival, never written); an
+  // attention-driven policy whose layer is still over budget (no scores came
+  // since the last append) first evicts it down to budget with the scores it
+  // has.
   absl::StatusOr<StepResult> Append(const AppendRequest& request);
 
   // Folds one step's attention into the listed layers' scores and evicts any
@@ -79,7 +83,9 @@ class Session {
   // Tokens to evict so the layer drops to budget - slack, if over budget.
   int64_t Excess(const Layer& layer) const;
   // Evicts `count` tokens chosen by the policy, compacts, frees tail pages.
-  void Evict(Layer& layer, int64_t count, LayerChange& change);
+  // The policy sees `appended_view` tokens appended (for its recent window).
+  void Evict(Layer& layer, int64_t count, int64_t appended_view,
+             LayerChange& change);
   absl::Status CheckLayerIndex(int32_t layer) const;
   // Validates `scores` and writes each layer's head-summed rows into
   // rows_out (one buffer per entry).

@@ -63,14 +63,20 @@ struct LayerScores {
 };
 
 // What one call changed in one layer. A worker holding the block table
-// follows it by: applying `moves` in order (the token at from_slot is now at
-// to_slot), truncating to `resident` slots, dropping `pages_freed` from the
-// end of its page list, then appending `pages_added`.
+// (the page list, and the position in each slot) follows it in this order:
+//   1. apply `moves` in order: the token at from_slot is now at to_slot;
+//   2. keep slots [0, resident - k), where k is the number of this call's new
+//      tokens that are not in `evicted_positions`, and drop `pages_freed`
+//      from the end of the page list;
+//   3. append `pages_added` to the page list; the k kept new tokens take
+//      slots [resident - k, resident) in position order.
+// Only Append adds tokens (k = 0 for every other call).
 struct LayerChange {
   int32_t layer = 0;
-  uint64_t version = 0;                    // after the call
-  int64_t resident = 0;                    // tokens resident after the call
-  std::vector<int64_t> evicted_positions;  // ascending
+  uint64_t version = 0;  // after the call
+  int64_t resident = 0;  // tokens resident after the call
+  // Ascending. For an append, may include new tokens evicted on arrival.
+  std::vector<int64_t> evicted_positions;
   std::vector<SlotMove> moves;
   std::vector<PageId> pages_freed;  // were the last pages of the block table
   std::vector<PageId> pages_added;  // now the last pages of the block table
