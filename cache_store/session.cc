@@ -6,7 +6,6 @@
 #include <numeric>
 #include <utility>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/attention.h"
 
@@ -25,6 +24,7 @@ struct AttentionScratch {
   std::vector<float> rows;
   std::vector<int64_t> offsets;
   std::vector<float> logits;
+  std::vector<uint8_t> seen;  // per layer: named in this call
 };
 AttentionScratch& ThreadScratch() {
   thread_local AttentionScratch scratch;
@@ -44,6 +44,34 @@ absl::string_view SourceName(ScoreSource s) {
 }
 
 }  // namespace
+
+int64_t Session::ExpectedFloats(ScoreSource source, int32_t rows,
+                                int64_t resident) const {
+  switch (source) {
+    case ScoreSource::kPerHead:
+      return int64_t{layout_.query_heads} * rows * resident;
+    case ScoreSource::kReduced:
+      return int64_t{rows} * resident;
+    case ScoreSource::kQueries:
+      return int64_t{rows} * layout_.query_heads * layout_.head_dim;
+  }
+  return -1;
+}
+
+std::string Session::ShapeText(ScoreSource source, int32_t rows,
+                               int64_t resident) const {
+  switch (source) {
+    case ScoreSource::kPerHead:
+      return absl::StrCat("[query_heads ", layout_.query_heads, "][rows ", rows,
+                          "][resident ", resident, "]");
+    case ScoreSource::kReduced:
+      return absl::StrCat("[rows ", rows, "][resident ", resident, "]");
+    case ScoreSource::kQueries:
+      return absl::StrCat("[rows ", rows, "][query_heads ", layout_.query_heads,
+                          "][head_dim ", layout_.head_dim, "]");
+  }
+  return "?";
+}
 
 absl::StatusOr<std::unique_ptr<Session>> Session::Create(
     SessionId id, const ModelLayout& layout, PagePool* pool, PolicyPtr policy,
@@ -296,12 +324,13 @@ absl::Status Session::ComputeAttention(std::span<const LayerScores> scores,
                                        std::vector<float>& rows_out,
                                        std::vector<int64_t>& offsets) {
   // Shapes, versions and duplicates first: they are cheap and fail fast.
-  absl::flat_hash_set<int32_t> seen;
+  std::vector<uint8_t>& seen = ThreadScratch().seen;
+  seen.assign(layers_.size(), 0);
   int64_t total = 0;
   offsets.clear();
   for (const LayerScores& in : scores) {
     if (absl::Status s = CheckLayerIndex(in.layer); !s.ok()) return s;
-    if (!seen.insert(in.layer).second) {
+    if (std::exchange(seen[in.layer], 1) != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "session ", id_, ": layer ", in.layer, " appears twice in one step"));
     }
@@ -320,36 +349,18 @@ absl::Status Session::ComputeAttention(std::span<const LayerScores> scores,
           "session ", id_, ": layer ", in.layer, ": rows = ", in.rows,
           " must be in [1, resident tokens = ", n, "]"));
     }
-    int64_t expected = 0;
-    std::string shape;
-    switch (in.source) {
-      case ScoreSource::kPerHead:
-        expected = int64_t{layout_.query_heads} * in.rows * n;
-        shape = absl::StrCat("[query_heads ", layout_.query_heads, "][rows ",
-                             in.rows, "][resident ", n, "]");
-        break;
-      case ScoreSource::kReduced:
-        expected = int64_t{in.rows} * n;
-        shape = absl::StrCat("[rows ", in.rows, "][resident ", n, "]");
-        break;
-      case ScoreSource::kQueries:
-        if (layout_.keys_pre_rope) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "session ", id_, ": layout '", layout_.name,
-              "' stores keys before RoPE, so the store cannot score "
-              "queries against them; send attention probabilities"));
-        }
-        expected = int64_t{in.rows} * layout_.query_heads * layout_.head_dim;
-        shape = absl::StrCat("[rows ", in.rows, "][query_heads ",
-                             layout_.query_heads, "][head_dim ",
-                             layout_.head_dim, "]");
-        break;
+    if (in.source == ScoreSource::kQueries && layout_.keys_pre_rope) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "session ", id_, ": layout '", layout_.name,
+          "' stores keys before RoPE, so the store cannot score queries "
+          "against them; send attention probabilities"));
     }
+    const int64_t expected = ExpectedFloats(in.source, in.rows, n);
     if (static_cast<int64_t>(in.data.size()) != expected) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("session ", id_, ": layer ", in.layer, ": ",
-                       SourceName(in.source), " have ", in.data.size(),
-                       " floats, expected ", expected, " = ", shape));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "session ", id_, ": layer ", in.layer, ": ", SourceName(in.source),
+          " have ", in.data.size(), " floats, expected ", expected, " = ",
+          ShapeText(in.source, in.rows, n)));
     }
     offsets.push_back(total);
     total += int64_t{in.rows} * n;

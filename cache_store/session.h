@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -87,6 +88,11 @@ class Session {
   void Evict(Layer& layer, int64_t count, int64_t appended_view,
              LayerChange& change);
   absl::Status CheckLayerIndex(int32_t layer) const;
+  // Floats a score input of `source` must hold, and its shape for messages.
+  int64_t ExpectedFloats(ScoreSource source, int32_t rows,
+                         int64_t resident) const;
+  std::string ShapeText(ScoreSource source, int32_t rows,
+                        int64_t resident) const;
   // Validates `scores` and writes each layer's head-summed rows into
   // rows_out (one buffer per entry).
   absl::Status ComputeAttention(std::span<const LayerScores> scores,
