@@ -7,10 +7,6 @@
 #include "absl/strings/str_cat.h"
 
 namespace kvkeep {
-namespace {
-constexpr OwnerId kNoOwner = std::numeric_limits<OwnerId>::max();
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(
     const PageLayout& layout, int64_t capacity_pages) {
   if (capacity_pages <= 0 ||
@@ -45,9 +41,6 @@ PagePool::PagePool(const PageLayout& layout, int64_t capacity_pages,
   for (int64_t p = capacity_pages - 1; p >= 0; --p) {
     free_.push_back(static_cast<PageId>(p));
   }
-#ifndef NDEBUG
-  owner_of_.assign(capacity_pages, kNoOwner);
-#endif
 }
 
 absl::Status PagePool::Allocate(OwnerId owner, int64_t n,
@@ -64,9 +57,6 @@ absl::Status PagePool::Allocate(OwnerId owner, int64_t n,
   for (int64_t i = 0; i < n; ++i) {
     const PageId p = free_.back();
     free_.pop_back();
-#ifndef NDEBUG
-    owner_of_[p] = owner;
-#endif
     pages->push_back(p);
   }
   held_[owner] += n;
@@ -76,13 +66,7 @@ absl::Status PagePool::Allocate(OwnerId owner, int64_t n,
 void PagePool::Free(OwnerId owner, std::span<const PageId> pages) {
   if (pages.empty()) return;
   absl::MutexLock lock(&mu_);
-  for (PageId p : pages) {
-#ifndef NDEBUG
-    assert(owner_of_[p] == owner && "page freed by an owner that lacks it");
-    owner_of_[p] = kNoOwner;
-#endif
-    free_.push_back(p);
-  }
+  free_.insert(free_.end(), pages.begin(), pages.end());
   auto it = held_.find(owner);
   assert(it != held_.end() && it->second >= static_cast<int64_t>(pages.size()));
   it->second -= static_cast<int64_t>(pages.size());

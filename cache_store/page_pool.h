@@ -48,7 +48,7 @@ class PagePool {
                                       std::vector<PageId>* pages);
 
   // Returns pages held by owner. Freeing a page the owner does not hold is a
-  // programming error caught in debug builds.
+  // programming error (the session is the only caller).
   void Free(OwnerId owner, std::span<const PageId> pages);
 
   int64_t PagesHeldBy(OwnerId owner) const;
@@ -71,9 +71,6 @@ class PagePool {
   std::vector<PageId> free_ ABSL_GUARDED_BY(mu_);  // a stack of free pages
   absl::flat_hash_map<OwnerId, int64_t> held_ ABSL_GUARDED_BY(mu_);
   int64_t allocation_failures_ ABSL_GUARDED_BY(mu_) = 0;
-#ifndef NDEBUG
-  std::vector<OwnerId> owner_of_ ABSL_GUARDED_BY(mu_);  // debug check only
-#endif
 };
 
 }  // namespace kvkeep

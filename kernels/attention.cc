@@ -22,7 +22,7 @@ inline void AccumulateRow(const float* __restrict row, int64_t n, bool first,
       const float p = row[s];
       acc[s] = p;
       sum += p;
-      mn = std::min(mn, p);
+      mn = p < mn ? p : mn;
     }
   } else {
 #pragma omp simd reduction(+ : sum) reduction(min : mn)
@@ -30,7 +30,7 @@ inline void AccumulateRow(const float* __restrict row, int64_t n, bool first,
       const float p = row[s];
       acc[s] += p;
       sum += p;
-      mn = std::min(mn, p);
+      mn = p < mn ? p : mn;
     }
   }
   *sum_out = sum;
@@ -84,7 +84,7 @@ RowCheck CheckRows(const float* rows_data, int32_t rows, int64_t slots) {
 #pragma omp simd reduction(+ : sum) reduction(min : mn)
     for (int64_t s = 0; s < slots; ++s) {
       sum += row[s];
-      mn = std::min(mn, row[s]);
+      mn = row[s] < mn ? row[s] : mn;
     }
     Fold(check, sum, mn);
   }
