@@ -234,7 +234,9 @@ absl::StatusOr<int64_t> DecodeStep(SteadySession& s, const AttentionInput& in,
 
 void BM_PolicyStep(benchmark::State& state, const std::string& policy,
                    StepKind kind, int64_t budget) {
-  const AttentionInput& in = InputFor(budget);
+  static const AttentionInput* const kNoInput = new AttentionInput();
+  const AttentionInput& in =
+      kind == StepKind::kAppendOnly ? *kNoInput : InputFor(budget);
   const int64_t steps = state.max_iterations;
   // full never evicts: its resident grows by one token per step.
   const int64_t extra_pages =
@@ -308,6 +310,8 @@ void BM_Floor(benchmark::State& state, StepKind kind, int64_t budget) {
     benchmark::DoNotOptimize(sum);
     n = n == budget + 1 ? budget - kSlack + 1 : n + 1;
   }
+  // Same columns as the steps, so the console prints one table per size.
+  state.counters["evicted/step"] = 0;
   state.counters["in_bytes"] = benchmark::Counter(
       static_cast<double>(state.iterations()) * heads * budget * 4,
       benchmark::Counter::kIsRate, benchmark::Counter::kIs1024);
@@ -366,6 +370,9 @@ void RegisterAll() {
 // prints each step's CPU time against the floor of its source and size.
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
+  // No colour codes: the output is meant to be pasted and diffed.
+  RatioReporter() : ConsoleReporter(OO_Tabular) {}
+
   void ReportRuns(const std::vector<Run>& runs) override {
     for (const Run& run : runs) {
       if (run.run_type == Run::RT_Iteration && !run.error_occurred &&

@@ -23,6 +23,7 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 struct AttentionScratch {
   std::vector<float> rows;
   std::vector<int64_t> offsets;
+  std::vector<const float*> row_ptrs;  // per layer update: its rows
   std::vector<float> logits;
   std::vector<uint8_t> seen;  // per layer: named in this call
 };
@@ -322,10 +323,11 @@ absl::Status Session::CheckLayerIndex(int32_t layer) const {
 
 absl::Status Session::ComputeAttention(std::span<const LayerScores> scores,
                                        std::vector<float>& rows_out,
-                                       std::vector<int64_t>& offsets) {
+                                       std::vector<const float*>& rows) {
   // Shapes, versions and duplicates first: they are cheap and fail fast.
   std::vector<uint8_t>& seen = ThreadScratch().seen;
   seen.assign(layers_.size(), 0);
+  std::vector<int64_t>& offsets = ThreadScratch().offsets;
   int64_t total = 0;
   offsets.clear();
   for (const LayerScores& in : scores) {
@@ -362,16 +364,19 @@ absl::Status Session::ComputeAttention(std::span<const LayerScores> scores,
           " have ", in.data.size(), " floats, expected ", expected, " = ",
           ShapeText(in.source, in.rows, n)));
     }
+    // Head-reduced rows are used where they lie; the rest need scratch.
     offsets.push_back(total);
-    total += int64_t{in.rows} * n;
+    if (in.source != ScoreSource::kReduced) total += int64_t{in.rows} * n;
   }
 
   rows_out.resize(total);
+  rows.clear();
   for (size_t i = 0; i < scores.size(); ++i) {
     const LayerScores& in = scores[i];
     Layer& layer = layers_[in.layer];
     const int64_t n = layer.size();
     float* out = rows_out.data() + offsets[i];
+    rows.push_back(in.source == ScoreSource::kReduced ? in.data.data() : out);
     if (in.source == ScoreSource::kQueries) {
       for (float q : in.data) {
         if (!std::isfinite(q)) {
@@ -410,7 +415,6 @@ absl::Status Session::ComputeAttention(std::span<const LayerScores> scores,
       max_sum = 1.0f + kRowSumTolerance;
     } else {
       check = CheckRows(in.data.data(), in.rows, n);
-      std::copy(in.data.begin(), in.data.end(), out);
       max_sum =
           static_cast<float>(layout_.query_heads) * (1.0f + kRowSumTolerance);
     }
@@ -438,15 +442,15 @@ absl::Status Session::ComputeAttention(std::span<const LayerScores> scores,
 absl::StatusOr<StepResult> Session::ApplyAttention(
     std::span<const LayerScores> scores, bool compress) {
   AttentionScratch& scratch = ThreadScratch();
-  if (absl::Status s = ComputeAttention(scores, scratch.rows, scratch.offsets);
+  if (absl::Status s = ComputeAttention(scores, scratch.rows, scratch.row_ptrs);
       !s.ok()) {
     return s;
   }
   StepResult result = EmptyResult();
   for (size_t i = 0; i < scores.size(); ++i) {
     Layer& layer = layers_[scores[i].layer];
-    const StepAttention step{scratch.rows.data() + scratch.offsets[i],
-                             scores[i].rows, layer.size(), layout_.query_heads};
+    const StepAttention step{scratch.row_ptrs[i], scores[i].rows, layer.size(),
+                             layout_.query_heads};
     policy_->Observe(Tokens(layer), step);
     ++score_updates_;
     const int64_t excess =

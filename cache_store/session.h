@@ -93,11 +93,11 @@ class Session {
                          int64_t resident) const;
   std::string ShapeText(ScoreSource source, int32_t rows,
                         int64_t resident) const;
-  // Validates `scores` and writes each layer's head-summed rows into
-  // rows_out (one buffer per entry).
+  // Validates `scores` and points rows[i] at entry i's head-summed rows:
+  // the caller's own buffer for head-reduced input, else space in rows_out.
   absl::Status ComputeAttention(std::span<const LayerScores> scores,
                                 std::vector<float>& rows_out,
-                                std::vector<int64_t>& offsets);
+                                std::vector<const float*>& rows);
   absl::StatusOr<StepResult> ApplyAttention(std::span<const LayerScores> scores,
                                             bool compress);
   StepResult EmptyResult() const;

@@ -47,6 +47,25 @@ void SelectLowest(int64_t n, int64_t k, KeyFn key, TieFn tie,
     return;
   }
   scratch.clear();
+  if (k * 16 < n) {
+    // Few victims among many tokens (a page per batch): keep the k best so
+    // far in a max-heap, so most items cost one compare with its top.
+    for (int64_t i = 0; i < n; ++i) {
+      if (!eligible(i)) continue;
+      const RankedItem item{key(i), static_cast<int32_t>(i), tie(i)};
+      if (static_cast<int64_t>(scratch.size()) < k) {
+        scratch.push_back(item);
+        std::push_heap(scratch.begin(), scratch.end());
+      } else if (item < scratch.front()) {
+        std::pop_heap(scratch.begin(), scratch.end());
+        scratch.back() = item;
+        std::push_heap(scratch.begin(), scratch.end());
+      }
+    }
+    std::sort_heap(scratch.begin(), scratch.end());
+    for (const RankedItem& item : scratch) out->push_back(item.index);
+    return;
+  }
   for (int64_t i = 0; i < n; ++i) {
     if (eligible(i)) {
       scratch.push_back({key(i), static_cast<int32_t>(i), tie(i)});

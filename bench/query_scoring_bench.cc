@@ -1,0 +1,252 @@
+// Query scoring throughput: the store turning one decode step's queries into
+// per-token attention, softmax(q K^T / sqrt(head_dim)) summed over heads,
+// over every resident key of one layer.
+//
+// 32 query heads, 8 kv heads (GQA group 4), head_dim 128, pages of 16 tokens,
+// keys stored as f32, f16 or bf16; 1k, 8k and 32k resident tokens; one query
+// row (a decode step).
+//   session/<dtype>/<resident>: Session::UpdateScores with
+//     ScoreSource::kQueries through the CacheStore (input checks, the kernel,
+//     then h2o's Observe; the session sits exactly at its budget, so nothing
+//     is evicted and its version never changes).
+//   kernel/<dtype>/<resident>: kernels' QueryAttention alone on the same
+//     shapes.
+// Counters (rates over the process's CPU time, like the CPU column):
+//   FLOPS: 2 * query_heads * head_dim * resident for the dots plus
+//     7 * query_heads * resident for scaling and softmax (scale, max,
+//     subtract, exp, sum, then multiply and add into the output; exp counted
+//     as one).
+//   key_bytes: the resident keys read, resident * kv_heads * head_dim * dtype
+//     bytes (the kernel reads each key once for its 4 query heads).
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "benchmark/benchmark.h"
+#include "cache_store/cache_store.h"
+#include "kernels/attention.h"
+
+namespace kvkeep {
+namespace {
+
+constexpr int32_t kQueryHeads = 32;
+constexpr int32_t kKvHeads = 8;
+constexpr int32_t kHeadDim = 128;
+constexpr int32_t kPageTokens = 16;
+constexpr int64_t kPrefillChunk = 4096;
+
+ModelLayout BenchLayout(DType dtype) {
+  ModelLayout layout;
+  layout.name = "bench";
+  layout.num_layers = 1;
+  layout.kv_heads = kKvHeads;
+  layout.query_heads = kQueryHeads;
+  layout.head_dim = kHeadDim;
+  layout.dtype = dtype;
+  layout.page_tokens = kPageTokens;
+  return layout;
+}
+
+// Uniform in [-1, 1): cheap, deterministic, and enough for timing (the
+// kernel has no data-dependent work but the f16 decode of subnormals, which
+// this range does not reach often).
+class Lcg {
+ public:
+  float Next() {
+    state_ = state_ * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<float>(state_ >> 40) * (2.0f / 16777216.0f) - 1.0f;
+  }
+
+ private:
+  uint64_t state_ = 0x9e3779b97f4a7c15ULL;
+};
+
+// Everything one (dtype, resident) pair needs, built once and reused by
+// every call of its benchmarks (the library calls a benchmark several times
+// to size its iteration count).
+struct Fixture {
+  DType dtype = DType::kF32;
+  int64_t resident = 0;
+  std::vector<float> queries;  // [1][kQueryHeads][kHeadDim]
+  // The session path.
+  std::unique_ptr<CacheStore> store;
+  SessionId id = 0;
+  uint64_t version = 0;
+  // The kernel path: the same keys in a pool of our own.
+  std::unique_ptr<PagePool> pool;
+  std::vector<PageId> pages;
+  std::vector<int64_t> order;  // arrival order per slot: 0, 1, 2, ...
+  std::vector<float> out;      // [1][resident]
+  std::vector<float> scratch;  // [kQueryHeads][resident]
+};
+
+absl::Status Build(Fixture& f) {
+  const ModelLayout layout = BenchLayout(f.dtype);
+  const PageLayout page_layout = layout.page_layout();
+  const int64_t token_bytes = page_layout.token_bytes();
+  const int64_t token_elems = int64_t{kKvHeads} * kHeadDim;
+  const int64_t pages = (f.resident + kPageTokens - 1) / kPageTokens;
+  Lcg rng;
+  f.queries.resize(kQueryHeads * kHeadDim);
+  for (float& q : f.queries) q = rng.Next();
+
+  StoreOptions options;
+  options.pools.push_back(PoolSpec{layout, pages + 1});
+  absl::StatusOr<std::unique_ptr<CacheStore>> store =
+      CacheStore::Create(options);
+  if (!store.ok()) return store.status();
+  f.store = *std::move(store);
+  SessionSpec spec;
+  spec.layout = layout.name;
+  spec.policy = PolicySpec{"h2o", {}};
+  spec.budget.tokens = f.resident;
+  absl::StatusOr<SessionId> id = f.store->CreateSession(spec);
+  if (!id.ok()) return id.status();
+  f.id = *id;
+
+  absl::StatusOr<std::unique_ptr<PagePool>> pool =
+      PagePool::Create(page_layout, pages);
+  if (!pool.ok()) return pool.status();
+  f.pool = *std::move(pool);
+  if (absl::Status s = f.pool->Allocate(/*owner=*/1, pages, &f.pages);
+      !s.ok()) {
+    return s;
+  }
+  f.order.resize(f.resident);
+  for (int64_t s = 0; s < f.resident; ++s) f.order[s] = s;
+
+  std::vector<std::byte> chunk(kPrefillChunk * token_bytes);
+  std::vector<int64_t> positions;
+  for (int64_t first = 0; first < f.resident; first += kPrefillChunk) {
+    const int64_t n = std::min(kPrefillChunk, f.resident - first);
+    for (int64_t i = 0; i < n * token_elems; ++i) {
+      StoreFromFloat(f.dtype, chunk.data(), i, rng.Next());
+    }
+    // The same keys into the kernel's pool, slot by slot.
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t slot = first + i;
+      std::copy_n(
+          chunk.data() + i * token_bytes, token_bytes,
+          f.pool->data() +
+              page_layout.key_offset(f.pages[slot / kPageTokens],
+                                     static_cast<int32_t>(slot % kPageTokens)));
+    }
+    positions.resize(n);
+    for (int64_t i = 0; i < n; ++i) positions[i] = first + i;
+    const std::span<const std::byte> kv(chunk.data(), n * token_bytes);
+    const LayerKv layer_kv{kv, kv};
+    absl::StatusOr<StepResult> r = f.store->Append(
+        f.id, AppendRequest{positions, std::span<const LayerKv>(&layer_kv, 1)});
+    if (!r.ok()) return r.status();
+    f.version = r->layers[0].version;
+  }
+  f.out.resize(f.resident);
+  f.scratch.resize(int64_t{kQueryHeads} * f.resident);
+  return absl::OkStatus();
+}
+
+// Keeps one fixture alive at a time: benchmarks are registered so that both
+// of a pair's run back to back.
+absl::StatusOr<Fixture*> FixtureFor(DType dtype, int64_t resident) {
+  static auto* current = new std::unique_ptr<Fixture>();
+  if (*current != nullptr && (*current)->dtype == dtype &&
+      (*current)->resident == resident) {
+    return current->get();
+  }
+  current->reset();  // free the old one first
+  auto f = std::make_unique<Fixture>();
+  f->dtype = dtype;
+  f->resident = resident;
+  if (absl::Status s = Build(*f); !s.ok()) return s;
+  *current = std::move(f);
+  return current->get();
+}
+
+void SetCounters(benchmark::State& state, DType dtype, int64_t resident) {
+  const double flops =
+      2.0 * kQueryHeads * kHeadDim * resident + 7.0 * kQueryHeads * resident;
+  const double key_bytes =
+      static_cast<double>(resident) * kKvHeads * kHeadDim * DTypeBytes(dtype);
+  const double iters = static_cast<double>(state.iterations());
+  state.counters["FLOPS"] =
+      benchmark::Counter(flops * iters, benchmark::Counter::kIsRate);
+  state.counters["key_bytes"] =
+      benchmark::Counter(key_bytes * iters, benchmark::Counter::kIsRate,
+                         benchmark::Counter::kIs1024);
+}
+
+void BM_SessionQueries(benchmark::State& state, DType dtype, int64_t resident) {
+  absl::StatusOr<Fixture*> fixture = FixtureFor(dtype, resident);
+  if (!fixture.ok()) {
+    state.SkipWithError(std::string(fixture.status().message()).c_str());
+    return;
+  }
+  Fixture& f = **fixture;
+  LayerScores scores;
+  scores.layer = 0;
+  scores.version = f.version;
+  scores.source = ScoreSource::kQueries;
+  scores.rows = 1;
+  scores.data = f.queries;
+  for (auto _ : state) {
+    absl::StatusOr<StepResult> r =
+        f.store->UpdateScores(f.id, std::span<const LayerScores>(&scores, 1));
+    if (!r.ok()) {
+      state.SkipWithError(std::string(r.status().message()).c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(r->layers[0].resident);
+  }
+  SetCounters(state, dtype, resident);
+}
+
+void BM_KernelQueries(benchmark::State& state, DType dtype, int64_t resident) {
+  absl::StatusOr<Fixture*> fixture = FixtureFor(dtype, resident);
+  if (!fixture.ok()) {
+    state.SkipWithError(std::string(fixture.status().message()).c_str());
+    return;
+  }
+  Fixture& f = **fixture;
+  const PagedKeys keys{f.pool->data(), f.pool->layout(), f.pages, f.order,
+                       f.resident};
+  const int64_t row_order = f.resident - 1;
+  for (auto _ : state) {
+    QueryAttention(keys, f.queries.data(), &row_order, /*rows=*/1, kQueryHeads,
+                   f.out.data(), f.scratch.data());
+    benchmark::DoNotOptimize(f.out.data());
+    benchmark::ClobberMemory();
+  }
+  SetCounters(state, dtype, resident);
+}
+
+void RegisterAll() {
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (int64_t resident : {1024, 8192, 32768}) {
+      const std::string suffix =
+          absl::StrCat("/", std::string(DTypeName(dtype)), "/", resident);
+      benchmark::RegisterBenchmark(absl::StrCat("session", suffix).c_str(),
+                                   BM_SessionQueries, dtype, resident)
+          ->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark(absl::StrCat("kernel", suffix).c_str(),
+                                   BM_KernelQueries, dtype, resident)
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvkeep
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  kvkeep::RegisterAll();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
