@@ -82,7 +82,7 @@ struct Fixture {
   std::vector<PageId> pages;
   std::vector<int64_t> order;  // arrival order per slot: 0, 1, 2, ...
   std::vector<float> out;      // [1][resident]
-  std::vector<float> scratch;  // [kQueryHeads][resident]
+  std::vector<float> scratch;  // [kQueryHeads][resident] + [head_dim]
 };
 
 absl::Status Build(Fixture& f) {
@@ -146,7 +146,7 @@ absl::Status Build(Fixture& f) {
     f.version = r->layers[0].version;
   }
   f.out.resize(f.resident);
-  f.scratch.resize(int64_t{kQueryHeads} * f.resident);
+  f.scratch.resize(int64_t{kQueryHeads} * f.resident + kHeadDim);
   return absl::OkStatus();
 }
 

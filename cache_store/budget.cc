@@ -9,6 +9,10 @@ namespace kvkeep {
 absl::StatusOr<std::vector<int64_t>> LayerBudgets(const BudgetSpec& spec,
                                                   int32_t num_layers,
                                                   int64_t protected_tokens) {
+  if (num_layers < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a layout needs at least one layer, got ", num_layers));
+  }
   if (!spec.per_layer.empty()) {
     if (static_cast<int32_t>(spec.per_layer.size()) != num_layers) {
       return absl::InvalidArgumentError(

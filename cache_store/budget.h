@@ -29,7 +29,11 @@ struct BudgetSpec {
 // PyramidKV/pyramidkv/pyramidkv_utils.py), without its clamp to the prompt
 // length: free = tokens - protected, lo = free / beta, hi = 2 * free - lo,
 // step = (hi - lo) / (L - 1), and layer l keeps protected + hi - l * step
-// (integer division throughout). The mean is within one step of `tokens`.
+// (integer division throughout, as the reference). The integer step drops the
+// remainder rem = (hi - lo) % (L - 1), which the lower layers keep, so the
+// mean is tokens + rem / 2: never below `tokens`, less than (L - 1) / 2
+// above it. When hi - lo < L - 1 the step is 0 and every layer keeps
+// protected + hi, as in the reference.
 absl::StatusOr<std::vector<int64_t>> LayerBudgets(const BudgetSpec& spec,
                                                   int32_t num_layers,
                                                   int64_t protected_tokens);

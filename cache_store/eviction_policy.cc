@@ -13,11 +13,11 @@ absl::Status EvictionPolicy::ValidateBudget(int64_t budget,
         absl::StrCat("policy '", name(),
                      "': budget must be at least 1 token, got ", budget));
   }
-  if (budget - common_.slack < protected_tokens()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("policy '", name(), "': budget ", budget, " - slack ",
-                     common_.slack, " cannot hold the protected tokens (sinks ",
-                     common_.sinks, " + recent ", common_.recent, ")"));
+  if (budget - common_.slack < std::max<int64_t>(1, protected_tokens())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "policy '", name(), "': budget ", budget, " - slack ", common_.slack,
+        " must keep at least one token and the protected tokens (sinks ",
+        common_.sinks, " + recent ", common_.recent, ")"));
   }
   return absl::OkStatus();
 }

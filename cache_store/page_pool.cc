@@ -1,12 +1,14 @@
 #include "cache_store/page_pool.h"
 
-#include <cassert>
 #include <limits>
 #include <new>
 
 #include "absl/strings/str_cat.h"
 
 namespace kvkeep {
+namespace {
+constexpr OwnerId kFree = std::numeric_limits<OwnerId>::max();
+}  // namespace
 absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(
     const PageLayout& layout, int64_t capacity_pages) {
   if (capacity_pages <= 0 ||
@@ -41,11 +43,16 @@ PagePool::PagePool(const PageLayout& layout, int64_t capacity_pages,
   for (int64_t p = capacity_pages - 1; p >= 0; --p) {
     free_.push_back(static_cast<PageId>(p));
   }
+  owner_of_.assign(capacity_pages, kFree);
 }
 
 absl::Status PagePool::Allocate(OwnerId owner, int64_t n,
                                 std::vector<PageId>* pages) {
-  if (n <= 0) return absl::OkStatus();
+  if (n < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot allocate a negative number of pages (", n, ")"));
+  }
+  if (n == 0) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
   const int64_t available = static_cast<int64_t>(free_.size());
   if (n > available) {
@@ -57,6 +64,7 @@ absl::Status PagePool::Allocate(OwnerId owner, int64_t n,
   for (int64_t i = 0; i < n; ++i) {
     const PageId p = free_.back();
     free_.pop_back();
+    owner_of_[p] = owner;
     pages->push_back(p);
   }
   held_[owner] += n;
@@ -66,10 +74,19 @@ absl::Status PagePool::Allocate(OwnerId owner, int64_t n,
 void PagePool::Free(OwnerId owner, std::span<const PageId> pages) {
   if (pages.empty()) return;
   absl::MutexLock lock(&mu_);
-  free_.insert(free_.end(), pages.begin(), pages.end());
+  int64_t freed = 0;
+  for (PageId p : pages) {
+    if (p < 0 || p >= capacity_pages_ || owner_of_[p] != owner) {
+      ++rejected_frees_;
+      continue;
+    }
+    owner_of_[p] = kFree;
+    free_.push_back(p);
+    ++freed;
+  }
+  if (freed == 0) return;
   auto it = held_.find(owner);
-  assert(it != held_.end() && it->second >= static_cast<int64_t>(pages.size()));
-  it->second -= static_cast<int64_t>(pages.size());
+  it->second -= freed;
   if (it->second == 0) held_.erase(it);
 }
 
@@ -83,8 +100,10 @@ PoolStats PagePool::stats() const {
   absl::MutexLock lock(&mu_);
   return PoolStats{capacity_pages_,
                    capacity_pages_ - static_cast<int64_t>(free_.size()),
-                   layout_.page_bytes(), static_cast<int64_t>(held_.size()),
-                   allocation_failures_};
+                   layout_.page_bytes(),
+                   static_cast<int64_t>(held_.size()),
+                   allocation_failures_,
+                   rejected_frees_};
 }
 
 }  // namespace kvkeep

@@ -31,6 +31,7 @@ struct PoolStats {
   int64_t page_bytes = 0;
   int64_t owners = 0;               // owners holding at least one page
   int64_t allocation_failures = 0;  // RESOURCE_EXHAUSTED answers so far
+  int64_t rejected_frees = 0;       // pages freed by an owner not holding them
 };
 
 class PagePool {
@@ -43,12 +44,14 @@ class PagePool {
   PagePool& operator=(const PagePool&) = delete;
 
   // Appends n pages to *pages and charges them to owner, or returns
-  // RESOURCE_EXHAUSTED (naming the shortfall) and changes nothing.
+  // RESOURCE_EXHAUSTED (naming the shortfall) and changes nothing. n < 0 is
+  // INVALID_ARGUMENT.
   [[nodiscard]] absl::Status Allocate(OwnerId owner, int64_t n,
                                       std::vector<PageId>* pages);
 
-  // Returns pages held by owner. Freeing a page the owner does not hold is a
-  // programming error (the session is the only caller).
+  // Returns pages held by owner. A page the owner does not hold (a bug in
+  // the caller) is left alone, so it can never be handed out twice; the
+  // count of such pages is PoolStats::rejected_frees.
   void Free(OwnerId owner, std::span<const PageId> pages);
 
   int64_t PagesHeldBy(OwnerId owner) const;
@@ -70,7 +73,9 @@ class PagePool {
   mutable absl::Mutex mu_;
   std::vector<PageId> free_ ABSL_GUARDED_BY(mu_);  // a stack of free pages
   absl::flat_hash_map<OwnerId, int64_t> held_ ABSL_GUARDED_BY(mu_);
+  std::vector<OwnerId> owner_of_ ABSL_GUARDED_BY(mu_);  // per page
   int64_t allocation_failures_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t rejected_frees_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvkeep

@@ -74,9 +74,11 @@ absl::Status ParamReader::Finish() const {
   if (!error_.ok()) return error_;
   for (const auto& [key, value] : spec_.params) {
     if (!used_.contains(key)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("policy '", spec_.name, "' has no parameter '", key,
-                       "'; it takes: ", absl::StrJoin(used_, ", ")));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "policy '", spec_.name, "' has no parameter '", key, "'; ",
+          used_.empty()
+              ? std::string("it takes none")
+              : absl::StrCat("it takes: ", absl::StrJoin(used_, ", "))));
     }
   }
   return absl::OkStatus();

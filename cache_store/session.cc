@@ -401,7 +401,7 @@ absl::Status Session::ComputeAttention(std::span<const LayerScores> scores,
                          " appended tokens resident; ", found, " are"));
       }
       std::vector<float>& logits = ThreadScratch().logits;
-      logits.resize(int64_t{layout_.query_heads} * n);
+      logits.resize(int64_t{layout_.query_heads} * n + layout_.head_dim);
       PagedKeys keys{pool_->data(), page_layout_, layer.pages, layer.arrival,
                      n};
       QueryAttention(keys, in.data.data(), row_order.data(), in.rows,

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <vector>
 
 namespace kvkeep {
 namespace {
@@ -86,8 +85,14 @@ inline void Fold(RowCheck& check, float sum, float mn) {
   }
 }
 
+// The identity of Fold. An input with no (head, row) reports the struct's
+// defaults instead (Finish).
 RowCheck EmptyCheck() {
-  return RowCheck{std::numeric_limits<float>::infinity(), 0.0f};
+  return RowCheck{std::numeric_limits<float>::infinity(),
+                  -std::numeric_limits<float>::infinity()};
+}
+RowCheck Finish(RowCheck check, int64_t folded) {
+  return folded == 0 ? RowCheck{} : check;
 }
 
 }  // namespace
@@ -116,7 +121,7 @@ RowCheck ReduceHeads(const float* probs, int32_t heads, int32_t rows,
       Fold(check, sum, mn);
     }
   }
-  return check;
+  return Finish(check, int64_t{heads} * rows);
 }
 
 RowCheck CheckRows(const float* rows_data, int32_t rows, int64_t slots) {
@@ -132,7 +137,7 @@ RowCheck CheckRows(const float* rows_data, int32_t rows, int64_t slots) {
     }
     Fold(check, sum, mn);
   }
-  return check;
+  return Finish(check, rows);
 }
 
 void QueryAttention(const PagedKeys& keys, const float* queries,
@@ -143,7 +148,7 @@ void QueryAttention(const PagedKeys& keys, const float* queries,
   const int32_t group = query_heads / lay.kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const int64_t n = keys.slots;
-  std::vector<float> key(d);
+  float* key = scratch + static_cast<int64_t>(query_heads) * n;  // [d]
   for (int32_t r = 0; r < rows; ++r) {
     const float* q_row = queries + static_cast<int64_t>(r) * query_heads * d;
     float* logits = scratch;  // [query_heads][n]

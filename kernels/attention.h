@@ -43,7 +43,7 @@ struct PagedKeys {
 //   queries: [rows][query_heads][head_dim] float32
 //   row_order: [rows], the causal order of each query's token
 //   out: [rows][slots] (overwritten)
-//   scratch: at least query_heads * slots floats
+//   scratch: at least query_heads * slots + head_dim floats
 // query_heads must be a multiple of layout.kv_heads (GQA group size).
 void QueryAttention(const PagedKeys& keys, const float* queries,
                     const int64_t* row_order, int32_t rows, int32_t query_heads,

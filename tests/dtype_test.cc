@@ -77,8 +77,8 @@ uint16_t RefFloatToF16(float f) {
     ++e;
   }
   if (e + 15 >= 31) return sign | 0x7c00;  // overflow
-  return sign | static_cast<uint16_t>(((e + 15) << 10) |
-                                      (static_cast<int>(m) - 1024));
+  return sign |
+         static_cast<uint16_t>(((e + 15) << 10) | (static_cast<int>(m) - 1024));
 }
 
 // Independent float -> bfloat16 (8 exponent bits, 7 mantissa bits), round to
@@ -102,8 +102,8 @@ uint16_t RefFloatToBf16(float f) {
     ++e;
   }
   if (e + 127 >= 255) return sign | 0x7f80;
-  return sign | static_cast<uint16_t>(((e + 127) << 7) |
-                                      (static_cast<int>(m) - 128));
+  return sign |
+         static_cast<uint16_t>(((e + 127) << 7) | (static_cast<int>(m) - 128));
 }
 
 // Checks the reference itself on values whose answer is known by hand, so a
@@ -163,26 +163,26 @@ TEST(F16Test, HandPickedRounding) {
       {std::nextafter(1.0f + std::ldexp(1.0f, -11), 2.0f), 0x3c01},
       {std::nextafter(1.0f + std::ldexp(1.0f, -11), 0.0f), 0x3c00},
       {-1.0f - std::ldexp(1.0f, -11), 0xbc00},
-      {65504.0f, 0x7bff},                           // largest finite
-      {std::nextafter(65520.0f, 0.0f), 0x7bff},     // just below the tie
-      {65520.0f, 0x7c00},                           // tie to even: inf
+      {65504.0f, 0x7bff},                        // largest finite
+      {std::nextafter(65520.0f, 0.0f), 0x7bff},  // just below the tie
+      {65520.0f, 0x7c00},                        // tie to even: inf
       {65536.0f, 0x7c00},
       {-65520.0f, 0xfc00},
       {1e10f, 0x7c00},
       {std::numeric_limits<float>::max(), 0x7c00},
       {std::numeric_limits<float>::infinity(), 0x7c00},
       {-std::numeric_limits<float>::infinity(), 0xfc00},
-      {std::ldexp(1.0f, -14), 0x0400},              // smallest normal
-      {1023 * min_sub, 0x03ff},                     // largest subnormal
-      {1023.5f * min_sub, 0x0400},                  // tie: up to even 0x400
-      {min_sub, 0x0001},                            // smallest subnormal
+      {std::ldexp(1.0f, -14), 0x0400},  // smallest normal
+      {1023 * min_sub, 0x03ff},         // largest subnormal
+      {1023.5f * min_sub, 0x0400},      // tie: up to even 0x400
+      {min_sub, 0x0001},                // smallest subnormal
       {-min_sub, 0x8001},
-      {min_sub / 2, 0x0000},                        // tie: to even zero
+      {min_sub / 2, 0x0000},  // tie: to even zero
       {-min_sub / 2, 0x8000},
       {std::nextafter(min_sub / 2, 1.0f), 0x0001},  // just above half
       {std::nextafter(min_sub / 2, 0.0f), 0x0000},
-      {1.5f * min_sub, 0x0002},                     // tie 1|2: to even 2
-      {2.5f * min_sub, 0x0002},                     // tie 2|3: to even 2
+      {1.5f * min_sub, 0x0002},  // tie 1|2: to even 2
+      {2.5f * min_sub, 0x0002},  // tie 2|3: to even 2
       {std::numeric_limits<float>::denorm_min(), 0x0000},
       {std::numeric_limits<float>::min(), 0x0000},
   };
@@ -198,12 +198,13 @@ TEST(F16Test, HandPickedRounding) {
 TEST(F16Test, AllHalfwayPointsRoundToEven) {
   for (uint32_t i = 0; i < 0x7c00u; ++i) {  // positive finite, next finite/inf
     const double lo = RefF16ToDouble(static_cast<uint16_t>(i));
-    const double hi = i + 1 == 0x7c00u ? 65536.0
-                                       : RefF16ToDouble(static_cast<uint16_t>(i + 1));
+    const double hi = i + 1 == 0x7c00u
+                          ? 65536.0
+                          : RefF16ToDouble(static_cast<uint16_t>(i + 1));
     const float mid = static_cast<float>((lo + hi) / 2);
     ASSERT_EQ(static_cast<double>(mid), (lo + hi) / 2) << "not exact";
-    const uint16_t even = (i & 1) ? static_cast<uint16_t>(i + 1)
-                                  : static_cast<uint16_t>(i);
+    const uint16_t even =
+        (i & 1) ? static_cast<uint16_t>(i + 1) : static_cast<uint16_t>(i);
     for (float sign : {1.0f, -1.0f}) {
       const uint16_t sbit = sign < 0 ? 0x8000 : 0;
       ASSERT_EQ(FloatToF16(sign * mid), sbit | even)

@@ -265,8 +265,7 @@ TEST(PagePoolTest, ConcurrentAllocateFreeKeepsAccountingExact) {
               ++double_handouts;
               continue;
             }
-            std::memset(pool->data() + int64_t{p} * page_bytes, t,
-                        page_bytes);
+            std::memset(pool->data() + int64_t{p} * page_bytes, t, page_bytes);
           }
         }
       } else {
@@ -315,6 +314,36 @@ TEST(PagePoolTest, ConcurrentAllocateFreeKeepsAccountingExact) {
   ASSERT_TRUE(pool->Allocate(1, kCapacity, &all).ok());
   std::sort(all.begin(), all.end());
   for (int64_t i = 0; i < kCapacity; ++i) EXPECT_EQ(all[i], i);
+}
+
+TEST(PagePoolTest, FreeOfPagesNotHeldIsRejectedAndCounted) {
+  std::unique_ptr<PagePool> pool = MakePool(4);
+  std::vector<PageId> a, b;
+  ASSERT_TRUE(pool->Allocate(1, 2, &a).ok());
+  ASSERT_TRUE(pool->Allocate(2, 1, &b).ok());
+  pool->Free(1, a);
+  pool->Free(1, a);                           // double free
+  pool->Free(1, b);                           // another owner's page
+  pool->Free(1, std::vector<PageId>{-1, 4});  // not pages of this pool
+  const PoolStats stats = pool->stats();
+  EXPECT_EQ(stats.rejected_frees, 5);
+  EXPECT_EQ(stats.used_pages, 1);
+  EXPECT_EQ(pool->PagesHeldBy(2), 1);
+  // The double free did not put a page on the free list twice: exactly
+  // three distinct pages can be taken now.
+  std::vector<PageId> c;
+  ASSERT_TRUE(pool->Allocate(3, 3, &c).ok());
+  EXPECT_EQ(std::set<PageId>(c.begin(), c.end()).size(), 3u);
+  EXPECT_EQ(pool->Allocate(3, 1, &c).code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+TEST(PagePoolTest, NegativeCountIsInvalidArgument) {
+  std::unique_ptr<PagePool> pool = MakePool(4);
+  std::vector<PageId> pages;
+  EXPECT_EQ(pool->Allocate(1, -1, &pages).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(pages.empty());
 }
 
 }  // namespace
