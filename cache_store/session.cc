@@ -131,7 +131,7 @@ StepResult Session::EmptyResult() const {
 }
 
 void Session::Evict(Layer& layer, int64_t count, int64_t appended_view,
-                    LayerChange& change) {
+                    int64_t incoming, LayerChange& change) {
   if (count <= 0) return;
   victims_.clear();
   LayerTokens tokens = Tokens(layer);
@@ -156,7 +156,10 @@ void Session::Evict(Layer& layer, int64_t count, int64_t appended_view,
   if (!layer.history.empty()) MoveSlotValues(layer.history, moves, new_size);
   change.moves.insert(change.moves.end(), moves.begin(), moves.end());
 
-  const int64_t keep_pages = CeilDiv(new_size, layout_.page_tokens);
+  // Pages that `incoming` tokens will fill stay with the layer.
+  const int64_t keep_pages =
+      std::min<int64_t>(static_cast<int64_t>(layer.pages.size()),
+                        CeilDiv(new_size + incoming, layout_.page_tokens));
   const std::span<const PageId> freed(layer.pages.begin() + keep_pages,
                                       layer.pages.end());
   pool_->Free(id_, freed);
@@ -244,12 +247,13 @@ absl::StatusOr<StepResult> Session::Append(const AppendRequest& request) {
       case EvictionTrigger::kOnCompress:
         break;
     }
-    // Pages always number ceil(size / page_tokens). A page-level policy may
-    // evict a few tokens more than asked, which can cost one more page.
+    // A layer keeps the pages its own eviction empties for the incoming
+    // tokens; only growth comes from the pool. (A page-level policy that
+    // evicts more than asked only needs fewer.)
     const int64_t kept = layer.size() - plan.evict;
-    pages_needed += CeilDiv(kept + n - plan.drop, layout_.page_tokens) -
-                    CeilDiv(kept, layout_.page_tokens) +
-                    (plan.evict > 0 ? 1 : 0);
+    pages_needed += std::max<int64_t>(
+        0, CeilDiv(kept + n - plan.drop, layout_.page_tokens) -
+               static_cast<int64_t>(layer.pages.size()));
   }
   // Pages first, all or nothing, so a full pool changes nothing.
   std::vector<PageId> new_pages;
@@ -266,7 +270,7 @@ absl::StatusOr<StepResult> Session::Append(const AppendRequest& request) {
     Layer& layer = layers_[l];
     const Plan& plan = plans[l];
     LayerChange& change = result.layers[l];
-    Evict(layer, plan.evict, plan.appended_view, change);
+    Evict(layer, plan.evict, plan.appended_view, n - plan.drop, change);
 
     const int64_t first = layer.size();
     const int64_t size = first + n - plan.drop;
@@ -457,7 +461,7 @@ absl::StatusOr<StepResult> Session::ApplyAttention(
         compress ? std::max<int64_t>(0, layer.size() - layer.budget)
                  : Excess(layer);
     LayerChange& change = result.layers[scores[i].layer];
-    Evict(layer, excess, layer.appended, change);
+    Evict(layer, excess, layer.appended, /*incoming=*/0, change);
     std::sort(change.evicted_positions.begin(), change.evicted_positions.end());
   }
   for (size_t l = 0; l < layers_.size(); ++l) {

@@ -83,10 +83,12 @@ class Session {
   LayerTokens Tokens(Layer& layer);
   // Tokens to evict so the layer drops to budget - slack, if over budget.
   int64_t Excess(const Layer& layer) const;
-  // Evicts `count` tokens chosen by the policy, compacts, frees tail pages.
-  // The policy sees `appended_view` tokens appended (for its recent window).
+  // Evicts `count` tokens chosen by the policy, compacts, and frees the tail
+  // pages that neither the survivors nor `incoming` tokens about to be
+  // appended need. The policy sees `appended_view` tokens appended (for its
+  // recent window).
   void Evict(Layer& layer, int64_t count, int64_t appended_view,
-             LayerChange& change);
+             int64_t incoming, LayerChange& change);
   absl::Status CheckLayerIndex(int32_t layer) const;
   // Floats a score input of `source` must hold, and its shape for messages.
   int64_t ExpectedFloats(ScoreSource source, int32_t rows,

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <ostream>
 #include <set>
 #include <string>
 #include <vector>
@@ -35,10 +36,19 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using ::testing::ElementsAreArray;
 
+// One golden file; printed by its name only, so ctest lists each trace
+// without the directory.
+struct GoldenFile {
+  fs::path path;
+  friend void PrintTo(const GoldenFile& f, std::ostream* os) {
+    *os << f.path.filename().string();
+  }
+};
+
 // The golden files: *.json of every existing directory of KVKEEP_GOLDEN_DIRS,
 // de-duplicated by file name (the first directory wins), sorted by name.
-std::vector<fs::path> GoldenFiles() {
-  std::vector<fs::path> files;
+std::vector<GoldenFile> GoldenFiles() {
+  std::vector<GoldenFile> files;
   std::set<std::string> names;
   for (absl::string_view dir :
        absl::StrSplit(KVKEEP_GOLDEN_DIRS, ':', absl::SkipEmpty())) {
@@ -53,12 +63,12 @@ std::vector<fs::path> GoldenFiles() {
     }
     std::sort(here.begin(), here.end());
     for (const fs::path& p : here) {
-      if (names.insert(p.filename().string()).second) files.push_back(p);
+      if (names.insert(p.filename().string()).second) files.push_back({p});
     }
   }
   std::sort(files.begin(), files.end(),
-            [](const fs::path& a, const fs::path& b) {
-              return a.filename() < b.filename();
+            [](const GoldenFile& a, const GoldenFile& b) {
+              return a.path.filename() < b.path.filename();
             });
   return files;
 }
@@ -110,6 +120,12 @@ std::unique_ptr<CacheStore> NewStore(const ModelLayout& layout) {
       CacheStore::Create(StoreOptions{{PoolSpec{layout, 4096}}});
   EXPECT_TRUE(store.ok()) << store.status();
   return store.ok() ? *std::move(store) : nullptr;
+}
+
+BudgetSpec Budget(int64_t tokens) {
+  BudgetSpec budget;
+  budget.tokens = tokens;
+  return budget;
 }
 
 std::vector<int64_t> SortedResident(CacheStore& store, SessionId id) {
@@ -215,8 +231,8 @@ void ReplayStream(const StreamCase& c, int32_t page_tokens, bool shared_kv) {
   const ModelLayout layout = OneLayer(kv_heads, c.heads, kHeadDim, page_tokens);
   std::unique_ptr<CacheStore> store = NewStore(layout);
   ASSERT_NE(store, nullptr);
-  absl::StatusOr<SessionId> id = store->CreateSession(
-      SessionSpec{layout.name, c.spec, BudgetSpec{.tokens = c.budget}});
+  absl::StatusOr<SessionId> id =
+      store->CreateSession(SessionSpec{layout.name, c.spec, Budget(c.budget)});
   ASSERT_TRUE(id.ok()) << id.status();
 
   for (int64_t t = 0; t < c.steps; ++t) {
@@ -325,7 +341,7 @@ void ReplaySnap(const SnapCase& c, int32_t page_tokens, ScoreSource source) {
   std::unique_ptr<CacheStore> store = NewStore(layout);
   ASSERT_NE(store, nullptr);
   absl::StatusOr<SessionId> id = store->CreateSession(
-      SessionSpec{layout.name, c.spec, BudgetSpec{.tokens = c.capacity}});
+      SessionSpec{layout.name, c.spec, Budget(c.capacity)});
   ASSERT_TRUE(id.ok()) << id.status();
 
   std::vector<int64_t> positions(n);
@@ -367,10 +383,10 @@ void ReplaySnap(const SnapCase& c, int32_t page_tokens, ScoreSource source) {
 
 // ---------------------------------------------------------------------------
 
-class GoldenTest : public ::testing::TestWithParam<fs::path> {};
+class GoldenTest : public ::testing::TestWithParam<GoldenFile> {};
 
 TEST_P(GoldenTest, KeepsTheReferenceSet) {
-  const fs::path& file = GetParam();
+  const fs::path& file = GetParam().path;
   SCOPED_TRACE(file.string());
   std::ifstream in(file);
   ASSERT_TRUE(in.good()) << "cannot open " << file;
@@ -408,8 +424,8 @@ TEST_P(GoldenTest, KeepsTheReferenceSet) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Traces, GoldenTest, ::testing::ValuesIn(GoldenFiles()),
-                         [](const ::testing::TestParamInfo<fs::path>& info) {
-                           return CaseName(info.param);
+                         [](const ::testing::TestParamInfo<GoldenFile>& info) {
+                           return CaseName(info.param.path);
                          });
 
 // Without this, an empty or misconfigured KVKEEP_GOLDEN_DIRS would make the
@@ -421,8 +437,8 @@ TEST(GoldenFilesTest, AtLeastOneTraceIsFound) {
 
 TEST(GoldenFilesTest, EveryReferencePolicyHasATrace) {
   std::set<std::string> policies;
-  for (const fs::path& file : GoldenFiles()) {
-    std::ifstream in(file);
+  for (const GoldenFile& file : GoldenFiles()) {
+    std::ifstream in(file.path);
     const json golden = json::parse(in, nullptr, /*allow_exceptions=*/false);
     if (golden.is_object() && golden.contains("policy")) {
       policies.insert(golden["policy"].get<std::string>());
