@@ -122,6 +122,12 @@ absl::StatusOr<StepResult> CacheStore::UpdateScores(
   return WithSession(id, [&](Session& s) { return s.UpdateScores(scores); });
 }
 
+absl::StatusOr<StepOutcome> CacheStore::Step(
+    SessionId id, const AppendRequest& append,
+    std::span<const LayerScores> scores) {
+  return WithSession(id, [&](Session& s) { return s.Step(append, scores); });
+}
+
 absl::StatusOr<StepResult> CacheStore::CompressPrompt(
     SessionId id, std::span<const LayerScores> window) {
   return WithSession(id, [&](Session& s) { return s.CompressPrompt(window); });

@@ -60,6 +60,8 @@ class CacheStore {
   absl::StatusOr<StepResult> Append(SessionId id, const AppendRequest& request);
   absl::StatusOr<StepResult> UpdateScores(SessionId id,
                                           std::span<const LayerScores> scores);
+  absl::StatusOr<StepOutcome> Step(SessionId id, const AppendRequest& append,
+                                   std::span<const LayerScores> scores);
   absl::StatusOr<StepResult> CompressPrompt(
       SessionId id, std::span<const LayerScores> window);
   absl::StatusOr<BlockTable> GetBlockTable(SessionId id, int32_t layer);

@@ -169,7 +169,7 @@ void Session::Evict(Layer& layer, int64_t count, int64_t appended_view,
   ++layer.version;
 }
 
-absl::StatusOr<StepResult> Session::Append(const AppendRequest& request) {
+absl::Status Session::ValidateAppend(const AppendRequest& request) const {
   const int64_t n = static_cast<int64_t>(request.positions.size());
   if (n == 0) {
     return absl::InvalidArgumentError(
@@ -202,6 +202,17 @@ absl::StatusOr<StepResult> Session::Append(const AppendRequest& request) {
     }
   }
 
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> Session::Append(const AppendRequest& request) {
+  if (absl::Status s = ValidateAppend(request); !s.ok()) return s;
+  return ApplyAppend(request);
+}
+
+absl::StatusOr<StepResult> Session::ApplyAppend(const AppendRequest& request) {
+  const int64_t n = static_cast<int64_t>(request.positions.size());
+  const int64_t token_bytes = page_layout_.token_bytes();
   // Plan each layer's evictions. Every eviction of an append happens before
   // the new tokens are placed, so a worker can follow one order: moves, then
   // freed pages, then added pages and the surviving new tokens.
@@ -325,7 +336,8 @@ absl::Status Session::CheckLayerIndex(int32_t layer) const {
   return absl::OkStatus();
 }
 
-absl::Status Session::ComputeAttention(std::span<const LayerScores> scores,
+absl::Status Session::PrepareAttention(std::span<const LayerScores> scores,
+                                       int64_t growth,
                                        std::vector<float>& rows_out,
                                        std::vector<const float*>& rows) {
   // Shapes, versions and duplicates first: they are cheap and fail fast.
@@ -349,7 +361,14 @@ absl::Status Session::ComputeAttention(std::span<const LayerScores> scores,
           " (its slots changed since; recompute over the current block "
           "table)"));
     }
-    const int64_t n = layer.size();
+    if (growth > 0 && Excess(layer) > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "session ", id_, ": layer ", in.layer, " is over budget (its last ",
+          "scores never came), so appending would evict first and the step's "
+          "attention would not match the slots; send scores without an "
+          "append"));
+    }
+    const int64_t n = layer.size() + growth;
     if (in.rows < 1 || in.rows > n) {
       return absl::InvalidArgumentError(absl::StrCat(
           "session ", id_, ": layer ", in.layer, ": rows = ", in.rows,
@@ -377,8 +396,8 @@ absl::Status Session::ComputeAttention(std::span<const LayerScores> scores,
   rows.clear();
   for (size_t i = 0; i < scores.size(); ++i) {
     const LayerScores& in = scores[i];
-    Layer& layer = layers_[in.layer];
-    const int64_t n = layer.size();
+    const Layer& layer = layers_[in.layer];
+    const int64_t n = layer.size() + growth;
     float* out = rows_out.data() + offsets[i];
     rows.push_back(in.source == ScoreSource::kReduced ? in.data.data() : out);
     if (in.source == ScoreSource::kQueries) {
@@ -390,13 +409,10 @@ absl::Status Session::ComputeAttention(std::span<const LayerScores> scores,
         }
       }
       // Query row r belongs to the token that arrived (rows - 1 - r) before
-      // the newest; it must still be resident.
-      std::vector<int64_t> row_order(in.rows);
-      for (int32_t r = 0; r < in.rows; ++r) {
-        row_order[r] = layer.appended - in.rows + r;
-      }
-      const int64_t oldest = row_order[0];
-      int64_t found = 0;
+      // the newest; those tokens must be resident (an append's new tokens
+      // will be: the layer is not over budget).
+      const int64_t oldest = layer.appended + growth - in.rows;
+      int64_t found = std::min<int64_t>(growth, in.rows);
       for (int64_t a : layer.arrival) found += a >= oldest ? 1 : 0;
       if (found != in.rows) {
         return absl::FailedPreconditionError(
@@ -404,12 +420,6 @@ absl::Status Session::ComputeAttention(std::span<const LayerScores> scores,
                          " query rows need the last ", in.rows,
                          " appended tokens resident; ", found, " are"));
       }
-      std::vector<float>& logits = ThreadScratch().logits;
-      logits.resize(int64_t{layout_.query_heads} * n + layout_.head_dim);
-      PagedKeys keys{pool_->data(), page_layout_, layer.pages, layer.arrival,
-                     n};
-      QueryAttention(keys, in.data.data(), row_order.data(), in.rows,
-                     layout_.query_heads, out, logits.data());
       continue;
     }
     RowCheck check;
@@ -443,17 +453,33 @@ absl::Status Session::ComputeAttention(std::span<const LayerScores> scores,
   return absl::OkStatus();
 }
 
-absl::StatusOr<StepResult> Session::ApplyAttention(
-    std::span<const LayerScores> scores, bool compress) {
-  AttentionScratch& scratch = ThreadScratch();
-  if (absl::Status s = ComputeAttention(scores, scratch.rows, scratch.row_ptrs);
-      !s.ok()) {
-    return s;
+void Session::FinishAttention(std::span<const LayerScores> scores,
+                              std::vector<const float*>& rows) {
+  for (size_t i = 0; i < scores.size(); ++i) {
+    const LayerScores& in = scores[i];
+    if (in.source != ScoreSource::kQueries) continue;
+    const Layer& layer = layers_[in.layer];
+    const int64_t n = layer.size();
+    std::vector<int64_t> row_order(in.rows);
+    for (int32_t r = 0; r < in.rows; ++r) {
+      row_order[r] = layer.appended - in.rows + r;
+    }
+    std::vector<float>& logits = ThreadScratch().logits;
+    logits.resize(int64_t{layout_.query_heads} * n + layout_.head_dim);
+    PagedKeys keys{pool_->data(), page_layout_, layer.pages, layer.arrival, n};
+    QueryAttention(keys, in.data.data(), row_order.data(), in.rows,
+                   layout_.query_heads, const_cast<float*>(rows[i]),
+                   logits.data());
   }
+}
+
+StepResult Session::ApplyAttention(std::span<const LayerScores> scores,
+                                   std::span<const float* const> rows,
+                                   bool compress) {
   StepResult result = EmptyResult();
   for (size_t i = 0; i < scores.size(); ++i) {
     Layer& layer = layers_[scores[i].layer];
-    const StepAttention step{scratch.row_ptrs[i], scores[i].rows, layer.size(),
+    const StepAttention step{rows[i], scores[i].rows, layer.size(),
                              layout_.query_heads};
     policy_->Observe(Tokens(layer), step);
     ++score_updates_;
@@ -472,6 +498,35 @@ absl::StatusOr<StepResult> Session::ApplyAttention(
   return result;
 }
 
+absl::StatusOr<StepOutcome> Session::Step(const AppendRequest& append,
+                                          std::span<const LayerScores> scores) {
+  if (append.positions.empty()) {
+    absl::StatusOr<StepResult> result = UpdateScores(scores);
+    if (!result.ok()) return result.status();
+    return StepOutcome{EmptyResult(), *std::move(result)};
+  }
+  if (!scores.empty() && policy_->trigger() != EvictionTrigger::kOnAttention) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session ", id_, ": policy '", policy_->name(),
+                     "' does not use per-step attention scores"));
+  }
+  // Everything that can fail is checked before the append, so a refused step
+  // changes nothing.
+  if (absl::Status s = ValidateAppend(append); !s.ok()) return s;
+  AttentionScratch& scratch = ThreadScratch();
+  const int64_t growth = static_cast<int64_t>(append.positions.size());
+  if (absl::Status s =
+          PrepareAttention(scores, growth, scratch.rows, scratch.row_ptrs);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<StepResult> appended = ApplyAppend(append);
+  if (!appended.ok()) return appended.status();
+  FinishAttention(scores, scratch.row_ptrs);
+  return StepOutcome{*std::move(appended),
+                     ApplyAttention(scores, scratch.row_ptrs, false)};
+}
+
 absl::StatusOr<StepResult> Session::UpdateScores(
     std::span<const LayerScores> scores) {
   if (policy_->trigger() != EvictionTrigger::kOnAttention) {
@@ -479,7 +534,14 @@ absl::StatusOr<StepResult> Session::UpdateScores(
         absl::StrCat("session ", id_, ": policy '", policy_->name(),
                      "' does not use per-step attention scores"));
   }
-  return ApplyAttention(scores, /*compress=*/false);
+  AttentionScratch& scratch = ThreadScratch();
+  if (absl::Status s = PrepareAttention(scores, /*growth=*/0, scratch.rows,
+                                        scratch.row_ptrs);
+      !s.ok()) {
+    return s;
+  }
+  FinishAttention(scores, scratch.row_ptrs);
+  return ApplyAttention(scores, scratch.row_ptrs, /*compress=*/false);
 }
 
 absl::StatusOr<StepResult> Session::CompressPrompt(
@@ -501,7 +563,14 @@ absl::StatusOr<StepResult> Session::CompressPrompt(
           window_rows, " rows of the observation window, got ", in.rows));
     }
   }
-  return ApplyAttention(window, /*compress=*/true);
+  AttentionScratch& scratch = ThreadScratch();
+  if (absl::Status s = PrepareAttention(window, /*growth=*/0, scratch.rows,
+                                        scratch.row_ptrs);
+      !s.ok()) {
+    return s;
+  }
+  FinishAttention(window, scratch.row_ptrs);
+  return ApplyAttention(window, scratch.row_ptrs, /*compress=*/true);
 }
 
 absl::StatusOr<BlockTable> Session::GetBlockTable(int32_t index) const {

@@ -50,6 +50,15 @@ class Session {
   // layer over budget. All inputs are checked before any is applied.
   absl::StatusOr<StepResult> UpdateScores(std::span<const LayerScores> scores);
 
+  // One decode step in one call: appends `append` (its tokens, if any), then
+  // applies `scores`, whose versions are the layers' versions BEFORE the
+  // append and whose attention covers the slots after it (the new tokens in
+  // the next slots). Everything is checked before the append, so a refused
+  // step changes nothing. A layer that is over budget (its last scores never
+  // came) cannot take scores in a step with an append: FAILED_PRECONDITION.
+  absl::StatusOr<StepOutcome> Step(const AppendRequest& append,
+                                   std::span<const LayerScores> scores);
+
   // snapkv only, once: compresses the prompt with the observation window's
   // attention (rows = the window: the last `window` tokens appended).
   absl::StatusOr<StepResult> CompressPrompt(
@@ -90,18 +99,28 @@ class Session {
   void Evict(Layer& layer, int64_t count, int64_t appended_view,
              int64_t incoming, LayerChange& change);
   absl::Status CheckLayerIndex(int32_t layer) const;
+  absl::Status ValidateAppend(const AppendRequest& request) const;
+  // Appends a validated request; fails (changing nothing) only when the pool
+  // cannot give the pages.
+  absl::StatusOr<StepResult> ApplyAppend(const AppendRequest& request);
   // Floats a score input of `source` must hold, and its shape for messages.
   int64_t ExpectedFloats(ScoreSource source, int32_t rows,
                          int64_t resident) const;
   std::string ShapeText(ScoreSource source, int32_t rows,
                         int64_t resident) const;
-  // Validates `scores` and points rows[i] at entry i's head-summed rows:
-  // the caller's own buffer for head-reduced input, else space in rows_out.
-  absl::Status ComputeAttention(std::span<const LayerScores> scores,
-                                std::vector<float>& rows_out,
+  // Validates `scores` as they will apply after `growth` more tokens are
+  // appended, and points rows[i] at entry i's head-summed rows: the caller's
+  // own buffer for head-reduced input, else space in rows_out, filled now for
+  // probabilities and by FinishAttention for queries (which read the keys).
+  absl::Status PrepareAttention(std::span<const LayerScores> scores,
+                                int64_t growth, std::vector<float>& rows_out,
                                 std::vector<const float*>& rows);
-  absl::StatusOr<StepResult> ApplyAttention(std::span<const LayerScores> scores,
-                                            bool compress);
+  void FinishAttention(std::span<const LayerScores> scores,
+                       std::vector<const float*>& rows);
+  // Folds prepared rows into the policy's scores and evicts what is over
+  // budget (down to budget - slack; to budget exactly when compressing).
+  StepResult ApplyAttention(std::span<const LayerScores> scores,
+                            std::span<const float* const> rows, bool compress);
   StepResult EmptyResult() const;
 
   const SessionId id_;

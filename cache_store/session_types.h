@@ -86,6 +86,13 @@ struct StepResult {
   std::vector<LayerChange> layers;  // every layer, in layer order
 };
 
+// What a decode step (Session::Step) changed: first its append, then the
+// evictions its scores caused.
+struct StepOutcome {
+  StepResult append;
+  StepResult scores;
+};
+
 // A layer's block table: its pages and, per slot, where the token came from.
 struct BlockTable {
   int32_t layer = 0;
