@@ -18,7 +18,7 @@ absl::StatusOr<std::unique_ptr<CacheStore>> CacheStore::Create(
   if (options.max_sessions < 1) {
     return absl::InvalidArgumentError("max_sessions must be at least 1");
   }
-  std::unique_ptr<CacheStore> store(new CacheStore(options.max_sessions));
+  std::unique_ptr<CacheStore> store(new CacheStore(options));
   absl::flat_hash_set<std::string> names;
   for (const PoolSpec& spec : options.pools) {
     if (absl::Status s = ValidateLayout(spec.layout); !s.ok()) return s;
@@ -54,22 +54,44 @@ absl::StatusOr<SessionId> CacheStore::CreateSession(const SessionSpec& spec) {
   if (!budgets.ok()) return budgets.status();
 
   absl::MutexLock lock(&mu_);
-  if (static_cast<int64_t>(sessions_.size()) >= max_sessions_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the store already holds its maximum of ", max_sessions_, " sessions"));
+  if (!spec.idempotency_key.empty()) {
+    auto it = idempotency_.find(std::pair(spec.tenant, spec.idempotency_key));
+    if (it != idempotency_.end()) return it->second;
   }
-  const SessionId id = next_id_;
+  if (static_cast<int64_t>(sessions_.size()) >= options_.max_sessions) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the store already holds its maximum of ",
+                     options_.max_sessions, " sessions"));
+  }
+  Tenant& tenant = tenants_[spec.tenant];
+  if (tenant.quota == nullptr) {
+    tenant.quota =
+        std::make_shared<PageQuota>(spec.tenant, options_.max_bytes_per_tenant);
+  }
+  if (options_.max_sessions_per_tenant > 0 &&
+      tenant.sessions >= options_.max_sessions_per_tenant) {
+    tenant.quota->CountRejection();
+    return absl::ResourceExhaustedError(
+        absl::StrCat("tenant '", spec.tenant, "' already holds its maximum of ",
+                     options_.max_sessions_per_tenant, " sessions"));
+  }
+  SessionId id = 0;
+  while (id == 0 || sessions_.contains(id)) id = absl::Uniform<SessionId>(rng_);
   absl::StatusOr<std::unique_ptr<Session>> session =
       Session::Create(id, pool->layout, pool->pages.get(), *std::move(policy),
-                      *std::move(budgets));
+                      *std::move(budgets), tenant.quota);
   if (!session.ok()) return session.status();
-  ++next_id_;
-  auto entry = std::make_shared<Entry>(pool->layout.name);
+  ++tenant.sessions;
+  auto entry = std::make_shared<Entry>(pool->layout.name, spec.tenant,
+                                       spec.idempotency_key);
   {
     absl::MutexLock entry_lock(&entry->mu);
     entry->session = *std::move(session);
   }
   sessions_.emplace(id, std::move(entry));
+  if (!spec.idempotency_key.empty()) {
+    idempotency_.emplace(std::pair(spec.tenant, spec.idempotency_key), id);
+  }
   return id;
 }
 
@@ -106,6 +128,10 @@ absl::Status CacheStore::CloseSession(SessionId id) {
     }
     entry = std::move(it->second);
     sessions_.erase(it);
+    --tenants_[entry->tenant].sessions;
+    if (!entry->idempotency_key.empty()) {
+      idempotency_.erase(std::pair(entry->tenant, entry->idempotency_key));
+    }
   }
   absl::MutexLock lock(&entry->mu);  // waits for a call in flight
   entry->session.reset();
@@ -143,9 +169,48 @@ absl::StatusOr<LayerKvCopy> CacheStore::ReadLayer(SessionId id, int32_t layer) {
 }
 
 absl::StatusOr<SessionStats> CacheStore::GetStats(SessionId id) {
+  absl::StatusOr<std::string> tenant = TenantOf(id);
+  if (!tenant.ok()) return tenant.status();
   return WithSession(id, [&](Session& s) -> absl::StatusOr<SessionStats> {
-    return s.stats();
+    SessionStats stats = s.stats();
+    stats.tenant = *tenant;
+    return stats;
   });
+}
+
+absl::StatusOr<std::string> CacheStore::TenantOf(SessionId id) const {
+  absl::StatusOr<std::shared_ptr<Entry>> entry = Find(id);
+  if (!entry.ok()) return entry.status();
+  return (*entry)->tenant;
+}
+
+std::vector<SessionInfo> CacheStore::Sessions() const {
+  std::vector<SessionInfo> out;
+  {
+    absl::MutexLock lock(&mu_);
+    out.reserve(sessions_.size());
+    for (const auto& [id, entry] : sessions_) {
+      out.push_back(SessionInfo{id, entry->tenant, entry->layout});
+    }
+  }
+  std::sort(
+      out.begin(), out.end(),
+      [](const SessionInfo& a, const SessionInfo& b) { return a.id < b.id; });
+  return out;
+}
+
+std::vector<TenantStats> CacheStore::Tenants() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<TenantStats> out;
+  for (const auto& [name, tenant] : tenants_) {
+    out.push_back(TenantStats{name, tenant.sessions, tenant.quota->used_bytes(),
+                              tenant.quota->rejections()});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const TenantStats& a, const TenantStats& b) {
+              return a.tenant < b.tenant;
+            });
+  return out;
 }
 
 std::vector<SessionId> CacheStore::ListSessions() const {

@@ -15,10 +15,12 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/random/random.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "cache_store/model_layout.h"
 #include "cache_store/page_pool.h"
+#include "cache_store/page_quota.h"
 #include "cache_store/session.h"
 #include "cache_store/session_types.h"
 
@@ -32,6 +34,22 @@ struct PoolSpec {
 struct StoreOptions {
   std::vector<PoolSpec> pools;  // one per layout; names must be unique
   int64_t max_sessions = 1 << 16;
+  int64_t max_sessions_per_tenant = 0;  // 0: no limit
+  int64_t max_bytes_per_tenant = 0;     // pages held, in bytes; 0: no limit
+};
+
+// A session's identity as the store lists it.
+struct SessionInfo {
+  SessionId id = 0;
+  std::string tenant;
+  std::string layout;
+};
+
+struct TenantStats {
+  std::string tenant;
+  int64_t sessions = 0;
+  int64_t bytes = 0;  // pages held, in bytes
+  int64_t quota_rejections = 0;
 };
 
 struct LayoutStats {
@@ -51,7 +69,9 @@ class CacheStore {
   CacheStore& operator=(const CacheStore&) = delete;
 
   // NOT_FOUND for an unknown layout; INVALID_ARGUMENT for a bad policy or
-  // budget; RESOURCE_EXHAUSTED past max_sessions.
+  // budget; RESOURCE_EXHAUSTED past max_sessions or the tenant's limit. A
+  // spec with an idempotency key that its tenant already used returns the
+  // session that key created, if it is still open.
   absl::StatusOr<SessionId> CreateSession(const SessionSpec& spec);
   // Frees every page of the session. NOT_FOUND if it does not exist.
   absl::Status CloseSession(SessionId id);
@@ -68,13 +88,25 @@ class CacheStore {
   absl::StatusOr<LayerKvCopy> ReadLayer(SessionId id, int32_t layer);
   absl::StatusOr<SessionStats> GetStats(SessionId id);
 
-  std::vector<SessionId> ListSessions() const;
+  // The tenant that created a session; NOT_FOUND if it does not exist.
+  absl::StatusOr<std::string> TenantOf(SessionId id) const;
+
+  std::vector<SessionId> ListSessions() const;  // ascending ids
+  std::vector<SessionInfo> Sessions() const;    // ascending ids
   std::vector<LayoutStats> Layouts() const;
+  std::vector<TenantStats> Tenants() const;  // tenants seen so far
 
  private:
   struct Entry {
-    explicit Entry(std::string layout_name) : layout(std::move(layout_name)) {}
-    const std::string layout;  // immutable: read without the lock
+    Entry(std::string layout_name, std::string tenant_name,
+          std::string idempotency)
+        : layout(std::move(layout_name)),
+          tenant(std::move(tenant_name)),
+          idempotency_key(std::move(idempotency)) {}
+    // Immutable: read without the lock.
+    const std::string layout;
+    const std::string tenant;
+    const std::string idempotency_key;
     absl::Mutex mu;
     std::unique_ptr<Session> session ABSL_GUARDED_BY(mu);
   };
@@ -83,19 +115,28 @@ class CacheStore {
     std::unique_ptr<PagePool> pages;
   };
 
-  explicit CacheStore(int64_t max_sessions) : max_sessions_(max_sessions) {}
+  struct Tenant {
+    std::shared_ptr<PageQuota> quota;
+    int64_t sessions = 0;
+  };
+
+  explicit CacheStore(const StoreOptions& options) : options_(options) {}
   absl::StatusOr<std::shared_ptr<Entry>> Find(SessionId id) const;
   // Runs fn(Session&) under the session's lock.
   template <typename Fn>
   auto WithSession(SessionId id, Fn fn)
       -> decltype(fn(std::declval<Session&>()));
 
-  const int64_t max_sessions_;
+  const StoreOptions options_;
   std::vector<Pool> pools_;  // fixed after Create
   mutable absl::Mutex mu_;
   absl::flat_hash_map<SessionId, std::shared_ptr<Entry>> sessions_
       ABSL_GUARDED_BY(mu_);
-  SessionId next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<std::string, Tenant> tenants_ ABSL_GUARDED_BY(mu_);
+  // (tenant, idempotency key) -> session.
+  absl::flat_hash_map<std::pair<std::string, std::string>, SessionId>
+      idempotency_ ABSL_GUARDED_BY(mu_);
+  absl::BitGen rng_ ABSL_GUARDED_BY(mu_);  // session ids
 };
 
 }  // namespace kvkeep

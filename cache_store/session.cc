@@ -76,7 +76,7 @@ std::string Session::ShapeText(ScoreSource source, int32_t rows,
 
 absl::StatusOr<std::unique_ptr<Session>> Session::Create(
     SessionId id, const ModelLayout& layout, PagePool* pool, PolicyPtr policy,
-    std::vector<int64_t> layer_budgets) {
+    std::vector<int64_t> layer_budgets, std::shared_ptr<PageQuota> quota) {
   if (static_cast<int32_t>(layer_budgets.size()) != layout.num_layers) {
     return absl::InvalidArgumentError(
         absl::StrCat("got ", layer_budgets.size(), " layer budgets for ",
@@ -90,17 +90,20 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(
                           absl::StrCat("layer ", l, ": ", s.message()));
     }
   }
-  return std::unique_ptr<Session>(new Session(
-      id, layout, pool, std::move(policy), std::move(layer_budgets)));
+  return std::unique_ptr<Session>(
+      new Session(id, layout, pool, std::move(policy), std::move(layer_budgets),
+                  std::move(quota)));
 }
 
 Session::Session(SessionId id, const ModelLayout& layout, PagePool* pool,
-                 PolicyPtr policy, std::vector<int64_t> layer_budgets)
+                 PolicyPtr policy, std::vector<int64_t> layer_budgets,
+                 std::shared_ptr<PageQuota> quota)
     : id_(id),
       layout_(layout),
       page_layout_(layout.page_layout()),
       pool_(pool),
       policy_(std::move(policy)),
+      quota_(std::move(quota)),
       layers_(layout.num_layers) {
   for (size_t l = 0; l < layers_.size(); ++l) {
     layers_[l].budget = layer_budgets[l];
@@ -108,7 +111,25 @@ Session::Session(SessionId id, const ModelLayout& layout, PagePool* pool,
 }
 
 Session::~Session() {
-  for (Layer& layer : layers_) pool_->Free(id_, layer.pages);
+  for (Layer& layer : layers_) FreePages(layer.pages);
+}
+
+absl::Status Session::AllocatePages(int64_t n, std::vector<PageId>* pages) {
+  const int64_t bytes = n * page_layout_.page_bytes();
+  if (quota_ != nullptr) {
+    if (absl::Status s = quota_->Reserve(bytes); !s.ok()) return s;
+  }
+  absl::Status s = pool_->Allocate(id_, n, pages);
+  if (!s.ok() && quota_ != nullptr) quota_->Release(bytes);
+  return s;
+}
+
+void Session::FreePages(std::span<const PageId> pages) {
+  pool_->Free(id_, pages);
+  if (quota_ != nullptr) {
+    quota_->Release(static_cast<int64_t>(pages.size()) *
+                    page_layout_.page_bytes());
+  }
 }
 
 LayerTokens Session::Tokens(Layer& layer) {
@@ -162,7 +183,7 @@ void Session::Evict(Layer& layer, int64_t count, int64_t appended_view,
                         CeilDiv(new_size + incoming, layout_.page_tokens));
   const std::span<const PageId> freed(layer.pages.begin() + keep_pages,
                                       layer.pages.end());
-  pool_->Free(id_, freed);
+  FreePages(freed);
   change.pages_freed.insert(change.pages_freed.end(), freed.begin(),
                             freed.end());
   layer.pages.resize(keep_pages);
@@ -268,8 +289,7 @@ absl::StatusOr<StepResult> Session::ApplyAppend(const AppendRequest& request) {
   }
   // Pages first, all or nothing, so a full pool changes nothing.
   std::vector<PageId> new_pages;
-  if (absl::Status s = pool_->Allocate(id_, pages_needed, &new_pages);
-      !s.ok()) {
+  if (absl::Status s = AllocatePages(pages_needed, &new_pages); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("session ", id_, ": append of ",
                                                n, " tokens: ", s.message()));
   }
@@ -321,7 +341,7 @@ absl::StatusOr<StepResult> Session::ApplyAppend(const AppendRequest& request) {
   // Pages were reserved for the worst case; return any the layers did not
   // take (a page-level eviction can free more than planned).
   if (next_page < new_pages.size()) {
-    pool_->Free(id_, std::span<const PageId>(new_pages).subspan(next_page));
+    FreePages(std::span<const PageId>(new_pages).subspan(next_page));
   }
   last_position_ = request.positions[n - 1];
   return result;

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "cache_store/model_layout.h"
 #include "cache_store/page_pool.h"
+#include "cache_store/page_quota.h"
 #include "cache_store/policy_registry.h"
 #include "cache_store/session_types.h"
 
@@ -27,10 +28,11 @@ namespace kvkeep {
 class Session {
  public:
   // Validates the policy against every layer budget. `pool` must outlive the
-  // session and serve `layout`.
+  // session and serve `layout`. Pages are also charged to `quota` when set.
   static absl::StatusOr<std::unique_ptr<Session>> Create(
       SessionId id, const ModelLayout& layout, PagePool* pool, PolicyPtr policy,
-      std::vector<int64_t> layer_budgets);
+      std::vector<int64_t> layer_budgets,
+      std::shared_ptr<PageQuota> quota = nullptr);
   ~Session();  // returns every page to the pool
 
   Session(const Session&) = delete;
@@ -87,7 +89,11 @@ class Session {
   };
 
   Session(SessionId id, const ModelLayout& layout, PagePool* pool,
-          PolicyPtr policy, std::vector<int64_t> layer_budgets);
+          PolicyPtr policy, std::vector<int64_t> layer_budgets,
+          std::shared_ptr<PageQuota> quota);
+  // Pages from the pool, charged to the quota: all or nothing.
+  absl::Status AllocatePages(int64_t n, std::vector<PageId>* pages);
+  void FreePages(std::span<const PageId> pages);
 
   LayerTokens Tokens(Layer& layer);
   // Tokens to evict so the layer drops to budget - slack, if over budget.
@@ -128,6 +134,7 @@ class Session {
   const PageLayout page_layout_;
   PagePool* const pool_;
   const PolicyPtr policy_;
+  const std::shared_ptr<PageQuota> quota_;  // may be null
   std::vector<Layer> layers_;
   int64_t last_position_ = -1;
   int64_t evicted_tokens_ = 0;

@@ -23,6 +23,8 @@ struct SessionSpec {
   std::string layout;  // name of a layout the store serves
   PolicySpec policy;
   BudgetSpec budget;
+  std::string tenant;           // who owns the session ("" without auth)
+  std::string idempotency_key;  // optional: a retried create returns the same
 };
 
 // One layer's keys and values for the n tokens of an append, in the layout's
@@ -118,6 +120,7 @@ struct SessionStats {
   SessionId id = 0;
   std::string layout;
   std::string policy;
+  std::string tenant;
   int64_t resident_tokens = 0;  // summed over layers
   int64_t pages = 0;
   int64_t bytes = 0;           // pages * page bytes
