@@ -100,7 +100,8 @@ absl::StatusOr<std::shared_ptr<CacheStore::Entry>> CacheStore::Find(
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end()) {
-    return absl::NotFoundError(absl::StrCat("session ", id, " not found"));
+    return absl::NotFoundError(
+        absl::StrCat("session ", SessionName(id), " not found"));
   }
   return it->second;
 }
@@ -113,7 +114,8 @@ auto CacheStore::WithSession(SessionId id, Fn fn)
   absl::MutexLock lock(&(*entry)->mu);
   // Closed between Find and the lock: the session is gone.
   if ((*entry)->session == nullptr) {
-    return absl::NotFoundError(absl::StrCat("session ", id, " not found"));
+    return absl::NotFoundError(
+        absl::StrCat("session ", SessionName(id), " not found"));
   }
   return fn(*(*entry)->session);
 }
@@ -124,7 +126,8 @@ absl::Status CacheStore::CloseSession(SessionId id) {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(id);
     if (it == sessions_.end()) {
-      return absl::NotFoundError(absl::StrCat("session ", id, " not found"));
+      return absl::NotFoundError(
+          absl::StrCat("session ", SessionName(id), " not found"));
     }
     entry = std::move(it->second);
     sessions_.erase(it);

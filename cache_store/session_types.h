@@ -6,8 +6,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cache_store/budget.h"
@@ -18,6 +20,11 @@
 namespace kvkeep {
 
 using SessionId = uint64_t;
+
+// A session id as users see it: 16 lowercase hex digits.
+std::string SessionName(SessionId id);
+// The inverse; nullopt unless `name` is exactly 16 hex digits.
+std::optional<SessionId> ParseSessionName(std::string_view name);
 
 struct SessionSpec {
   std::string layout;  // name of a layout the store serves
