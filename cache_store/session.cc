@@ -582,6 +582,13 @@ absl::StatusOr<StepResult> Session::CompressPrompt(
     return absl::FailedPreconditionError(absl::StrCat(
         "session ", SessionName(id_), ": the prompt was already compressed"));
   }
+  if (window.size() != layers_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session ", SessionName(id_),
+                     ": compression is one-shot and needs the "
+                     "window of every layer once: got ",
+                     window.size(), " of ", layers_.size(), " layers"));
+  }
   const int64_t window_rows = policy_->common().recent;
   for (const LayerScores& in : window) {
     if (in.rows != window_rows) {

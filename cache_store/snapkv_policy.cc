@@ -30,6 +30,15 @@ class SnapKvPolicy final : public EvictionPolicy {
   EvictionTrigger trigger() const override {
     return EvictionTrigger::kOnCompress;
   }
+  absl::Status ValidateBudget(int64_t budget, int32_t) const override {
+    if (budget < std::max<int64_t>(1, common().recent)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("policy 'snapkv': budget ", budget,
+                       " cannot hold the observation window (window ",
+                       common().recent, ")"));
+    }
+    return absl::OkStatus();
+  }
 
   // The window's attention replaces the score: compression is one-shot.
   void Observe(LayerTokens t, const StepAttention& step) const override {

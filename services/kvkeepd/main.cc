@@ -1,63 +1,151 @@
 // kvkeepd: the kvkeep store daemon. Builds the store from its configuration
-// (the embedded default: one demo layout on a host-memory pool), reports it,
-// proves it works with a short self-check session, then serves until SIGINT
-// or SIGTERM. The gRPC endpoint arrives with the service; until then the
-// daemon only holds the store.
+// (embedded default, then --config, then flags), serves kvkeep.v1.KvKeep,
+// grpc.health.v1.Health and server reflection, and drains on SIGTERM/SIGINT.
+//
+// At startup it prints the bound gRPC address on one line and the metrics
+// address on the next, so scripts can find ephemeral ports (--listen ...:0).
 #include <csignal>
 #include <cstdio>
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "cache_store/cache_store.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "services/kvkeepd/kvkeep_service.h"
+#include "services/kvkeepd/server_config.h"
 
-ABSL_FLAG(int64_t, pool_pages, 4096, "pages in the demo layout's pool");
-ABSL_FLAG(std::string, dtype, "bf16", "demo layout KV dtype: f32, f16, bf16");
-ABSL_FLAG(bool, once, false, "exit after the report and self-check");
+// Flags override the config file; each one's "unset" value (empty, -1)
+// leaves the file's (or the embedded default's) setting alone.
+ABSL_FLAG(std::string, config, "", "JSON config file (docs/config.md)");
+ABSL_FLAG(std::string, listen, "",
+          "gRPC address (default 127.0.0.1:50051); port 0 picks a free one");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "Prometheus metrics address (default 127.0.0.1:9464)");
+ABSL_FLAG(int64_t, pool_pages, -1,
+          "pages in the pool of each layout (default: from the config; 4096 "
+          "for the embedded demo layout)");
+ABSL_FLAG(std::string, default_policy, "",
+          "policy for sessions that name none (default h2o)");
+ABSL_FLAG(int64_t, max_sessions, -1, "sessions the store holds (65536)");
+ABSL_FLAG(int64_t, max_message_bytes, -1,
+          "largest gRPC message accepted, in bytes (64 MiB)");
+ABSL_FLAG(int64_t, max_sessions_per_tenant, -1, "0: no limit (default)");
+ABSL_FLAG(int64_t, max_bytes_per_tenant, -1,
+          "KV bytes a tenant's sessions may hold; 0: no limit (default)");
+ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate (enables TLS)");
+ABSL_FLAG(std::string, tls_key, "", "PEM server private key");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA: clients must present a certificate it signed");
+ABSL_FLAG(double, drain_seconds, -1,
+          "on SIGTERM, how long in-flight calls may take to finish (10)");
+ABSL_FLAG(bool, log_events, false,
+          "log one line per session create/close and per error (stderr)");
+ABSL_FLAG(bool, self_check, true,
+          "decode a short demo session through the store before serving");
 
 namespace kvkeep {
 namespace {
 
-// A small Llama-like layout: 8 layers, GQA 32 query / 8 kv heads, dim 128.
-ModelLayout DemoLayout(DType dtype) {
-  ModelLayout l;
-  l.name = "demo";
-  l.num_layers = 8;
-  l.kv_heads = 8;
-  l.query_heads = 32;
-  l.head_dim = 128;
-  l.dtype = dtype;
-  l.page_tokens = 16;
-  return l;
-}
-
-void Report(const CacheStore& store) {
-  for (const LayoutStats& s : store.Layouts()) {
-    const ModelLayout& l = s.layout;
-    std::printf(
-        "kvkeepd: layout '%s': %d layers, %d kv / %d query heads, head_dim "
-        "%d, %s, %d tokens per page (%lld bytes); host pool of %lld pages "
-        "(%.1f MiB), %lld used\n",
-        l.name.c_str(), l.num_layers, l.kv_heads, l.query_heads, l.head_dim,
-        std::string(DTypeName(l.dtype)).c_str(), l.page_tokens,
-        static_cast<long long>(s.pool.page_bytes),
-        static_cast<long long>(s.pool.capacity_pages),
-        s.pool.capacity_pages * s.pool.page_bytes / 1048576.0,
-        static_cast<long long>(s.pool.used_pages));
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("cannot read '", path, "'"));
   }
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
 }
 
-// Decodes 512 tokens of random KV through an h2o session scored from query
-// vectors, and prints what the store kept.
-absl::Status SelfCheck(CacheStore& store, const ModelLayout& layout) {
+absl::StatusOr<ServerConfig> LoadConfig() {
+  ServerConfig config = DefaultConfig();
+  if (const std::string path = absl::GetFlag(FLAGS_config); !path.empty()) {
+    absl::StatusOr<std::string> text = ReadFile(path);
+    if (!text.ok()) return text.status();
+    if (absl::Status s = ApplyConfigJson(*text, config); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
+    }
+  }
+  // Flags given on the command line win over the file.
+  auto set_string = [](const absl::Flag<std::string>& flag, std::string& out) {
+    if (std::string v = absl::GetFlag(flag); !v.empty()) out = v;
+  };
+  auto set_int = [](const absl::Flag<int64_t>& flag, int64_t& out) {
+    if (int64_t v = absl::GetFlag(flag); v >= 0) out = v;
+  };
+  set_string(FLAGS_listen, config.listen);
+  set_string(FLAGS_metrics_listen, config.metrics_listen);
+  if (int64_t pages = absl::GetFlag(FLAGS_pool_pages); pages >= 0) {
+    for (PoolSpec& p : config.pools) p.capacity_pages = pages;
+  }
+  if (std::string p = absl::GetFlag(FLAGS_default_policy); !p.empty()) {
+    config.default_policy = PolicySpec{p, {}};
+  }
+  set_int(FLAGS_max_sessions, config.max_sessions);
+  set_int(FLAGS_max_message_bytes, config.max_message_bytes);
+  set_int(FLAGS_max_sessions_per_tenant, config.max_sessions_per_tenant);
+  set_int(FLAGS_max_bytes_per_tenant, config.max_bytes_per_tenant);
+  set_string(FLAGS_tls_cert, config.tls.cert_file);
+  set_string(FLAGS_tls_key, config.tls.key_file);
+  set_string(FLAGS_tls_client_ca, config.tls.client_ca_file);
+  if (double d = absl::GetFlag(FLAGS_drain_seconds); d >= 0) {
+    config.drain_seconds = d;
+  }
+  if (absl::GetFlag(FLAGS_log_events)) config.log_events = true;
+  if (config.max_message_bytes < 4096 || config.max_message_bytes > (1 << 30)) {
+    return absl::InvalidArgumentError(
+        "max_message_bytes must be in [4096, 2^30]");
+  }
+  return config;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(
+    const TlsConfig& tls) {
+  if (tls.cert_file.empty() && tls.key_file.empty()) {
+    if (!tls.client_ca_file.empty()) {
+      return absl::InvalidArgumentError(
+          "tls client_ca_file needs cert_file and key_file");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  absl::StatusOr<std::string> cert = ReadFile(tls.cert_file);
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadFile(tls.key_file);
+  if (!key.ok()) return key.status();
+  grpc::SslServerCredentialsOptions options;
+  options.pem_key_cert_pairs.push_back({*key, *cert});
+  if (!tls.client_ca_file.empty()) {
+    absl::StatusOr<std::string> ca = ReadFile(tls.client_ca_file);
+    if (!ca.ok()) return ca.status();
+    options.pem_root_certs = *ca;
+    options.client_certificate_request =
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(options);
+}
+
+// Decodes 512 tokens of random KV through an h2o session of the first
+// layout and prints what the store kept: proof the store works before it
+// takes traffic.
+absl::Status SelfCheck(CacheStore& store) {
+  const ModelLayout layout = store.Layouts().front().layout;
   SessionSpec spec;
-  spec.layout = "demo";
+  spec.layout = layout.name;
   spec.policy = {"h2o", {{"sinks", "4"}, {"recent", "32"}, {"slack", "16"}}};
   spec.budget.tokens = 128;
+  spec.tenant = "kvkeepd-self-check";
   absl::StatusOr<SessionId> id = store.CreateSession(spec);
   if (!id.ok()) return id.status();
   std::mt19937 rng(7);
@@ -68,80 +156,158 @@ absl::Status SelfCheck(CacheStore& store, const ModelLayout& layout) {
   std::vector<float> q(int64_t{layout.query_heads} * layout.head_dim);
   std::vector<LayerKv> kv(layout.num_layers);
   std::vector<LayerScores> scores(layout.num_layers);
-  int64_t evicted = 0, moves = 0;
-  for (int64_t pos = 0; pos < 512; ++pos) {
+  int64_t evicted = 0;
+  absl::Status status;
+  for (int64_t pos = 0; pos < 512 && status.ok(); ++pos) {
     for (int64_t i = 0; i < token_elems; ++i) {
       StoreFromFloat(layout.dtype, k.data(), i, normal(rng));
       StoreFromFloat(layout.dtype, v.data(), i, normal(rng));
     }
     for (LayerKv& layer : kv) layer = LayerKv{k, v};
-    absl::StatusOr<StepResult> appended =
-        store.Append(*id, AppendRequest{std::span(&pos, 1), kv});
-    if (!appended.ok()) return appended.status();
+    absl::StatusOr<SessionStats> before = store.GetStats(*id);
+    if (!before.ok()) return before.status();
     for (float& x : q) x = normal(rng);
+    std::vector<float> uniform;
     for (int32_t l = 0; l < layout.num_layers; ++l) {
-      scores[l] = LayerScores{l, appended->layers[l].version,
-                              ScoreSource::kQueries, 1, q};
+      scores[l] =
+          LayerScores{l, before->layer_version[l], ScoreSource::kQueries, 1, q};
+      if (layout.keys_pre_rope) {  // the store cannot score queries then
+        const int64_t n = before->layer_resident[l] + 1;
+        uniform.assign(n, static_cast<float>(layout.query_heads) / n);
+        scores[l] = LayerScores{l, before->layer_version[l],
+                                ScoreSource::kReduced, 1, uniform};
+      }
     }
-    absl::StatusOr<StepResult> step = store.UpdateScores(*id, scores);
-    if (!step.ok()) return step.status();
-    for (const LayerChange& c : step->layers) {
+    absl::StatusOr<StepOutcome> step =
+        store.Step(*id, AppendRequest{std::span(&pos, 1), kv}, scores);
+    if (!step.ok()) {
+      status = step.status();
+      break;
+    }
+    for (const LayerChange& c : step->scores.layers) {
       evicted += static_cast<int64_t>(c.evicted_positions.size());
-      moves += static_cast<int64_t>(c.moves.size());
     }
   }
   absl::StatusOr<SessionStats> stats = store.GetStats(*id);
-  if (!stats.ok()) return stats.status();
-  std::printf(
-      "kvkeepd: self-check: h2o (sinks 4, recent 32, budget 128, slack 16) "
-      "decoded 512 tokens x %d layers: %lld resident, %lld evicted, %lld slot "
-      "moves, %lld pages (%lld bytes) held\n",
-      layout.num_layers, static_cast<long long>(stats->resident_tokens),
-      static_cast<long long>(evicted), static_cast<long long>(moves),
-      static_cast<long long>(stats->pages),
-      static_cast<long long>(stats->bytes));
-  return store.CloseSession(*id);
+  if (status.ok() && stats.ok()) {
+    std::printf(
+        "kvkeepd: self-check: h2o (sinks 4, recent 32, budget 128, slack 16) "
+        "decoded 512 tokens x %d layers of '%s': %lld resident, %lld "
+        "evicted, %lld pages held\n",
+        layout.num_layers, layout.name.c_str(),
+        static_cast<long long>(stats->resident_tokens),
+        static_cast<long long>(evicted), static_cast<long long>(stats->pages));
+  }
+  if (absl::Status s = store.CloseSession(*id); status.ok()) status = s;
+  return status.ok() ? stats.status() : status;
+}
+
+std::string BoundAddress(const std::string& listen, int port) {
+  const size_t colon = listen.rfind(':');
+  return absl::StrCat(listen.substr(0, colon), ":", port);
 }
 
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "kvkeepd: the kvkeep KV-cache store daemon.\n"
-      "Starts on its embedded default: one demo layout, host-memory pool.");
+      "With no flags it serves its embedded default: one demo layout on a "
+      "host-memory pool, on 127.0.0.1:50051.");
   absl::ParseCommandLine(argc, argv);
-  absl::StatusOr<DType> dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
-  if (!dtype.ok()) {
-    std::fprintf(stderr, "kvkeepd: %s\n", dtype.status().ToString().c_str());
+
+  // Signals go to the main thread only: block them before gRPC starts its
+  // threads, which inherit the mask, and wait for them below.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  absl::StatusOr<ServerConfig> config = LoadConfig();
+  if (!config.ok()) {
+    std::fprintf(stderr, "kvkeepd: %s\n", config.status().ToString().c_str());
     return 2;
   }
-  const ModelLayout layout = DemoLayout(*dtype);
-  StoreOptions options;
-  options.pools.push_back(PoolSpec{layout, absl::GetFlag(FLAGS_pool_pages)});
+  StoreOptions store_options;
+  store_options.pools = config->pools;
+  store_options.max_sessions = config->max_sessions;
+  store_options.max_sessions_per_tenant = config->max_sessions_per_tenant;
+  store_options.max_bytes_per_tenant = config->max_bytes_per_tenant;
   absl::StatusOr<std::unique_ptr<CacheStore>> store =
-      CacheStore::Create(options);
+      CacheStore::Create(store_options);
   if (!store.ok()) {
     std::fprintf(stderr, "kvkeepd: %s\n", store.status().ToString().c_str());
     return 1;
   }
-  Report(**store);
-  if (absl::Status s = SelfCheck(**store, layout); !s.ok()) {
-    std::fprintf(stderr, "kvkeepd: self-check failed: %s\n",
-                 s.ToString().c_str());
+  for (const LayoutStats& s : (*store)->Layouts()) {
+    const ModelLayout& l = s.layout;
+    std::printf(
+        "kvkeepd: layout '%s': %d layers, %d kv / %d query heads, head_dim "
+        "%d, %s, %d tokens per page; host pool of %lld pages (%.1f MiB)\n",
+        l.name.c_str(), l.num_layers, l.kv_heads, l.query_heads, l.head_dim,
+        std::string(DTypeName(l.dtype)).c_str(), l.page_tokens,
+        static_cast<long long>(s.pool.capacity_pages),
+        s.pool.capacity_pages * s.pool.page_bytes / 1048576.0);
+  }
+  if (absl::GetFlag(FLAGS_self_check)) {
+    if (absl::Status s = SelfCheck(**store); !s.ok()) {
+      std::fprintf(stderr, "kvkeepd: self-check failed: %s\n",
+                   s.ToString().c_str());
+      return 1;
+    }
+  }
+
+  ServiceOptions service_options;
+  for (const TenantToken& t : config->tenants) {
+    service_options.tenants_by_token[t.token] = t.tenant;
+  }
+  service_options.default_policy = config->default_policy;
+  service_options.max_sessions = config->max_sessions;
+  service_options.max_message_bytes = config->max_message_bytes;
+  service_options.log_events = config->log_events;
+  KvKeepService service(store->get(), service_options);
+
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      Credentials(config->tls);
+  if (!credentials.ok()) {
+    std::fprintf(stderr, "kvkeepd: %s\n",
+                 credentials.status().ToString().c_str());
+    return 2;
+  }
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(config->listen, *credentials, &port);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(config->max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(config->max_message_bytes));
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    std::fprintf(stderr, "kvkeepd: cannot listen on %s\n",
+                 config->listen.c_str());
     return 1;
   }
-  Report(**store);
-  if (absl::GetFlag(FLAGS_once)) return 0;
+  std::printf("kvkeepd: grpc listening on %s\n",
+              BoundAddress(config->listen, port).c_str());
   std::printf(
-      "kvkeepd: store ready (host memory). No RPC endpoint yet: the gRPC "
-      "service is the next milestone. Ctrl-C or SIGTERM stops.\n");
+      "kvkeepd: metrics address %s (not served yet: Prometheus metrics are "
+      "the observability milestone)\n",
+      config->metrics_listen.c_str());
+  std::printf("kvkeepd: ready; SIGTERM or Ctrl-C drains and stops\n");
   std::fflush(stdout);
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+
   int sig = 0;
-  sigwait(&set, &sig);
-  std::printf("kvkeepd: signal %d, shutting down\n", sig);
+  sigwait(&signals, &sig);
+  std::printf("kvkeepd: signal %d: draining (up to %.1fs)\n", sig,
+              config->drain_seconds);
+  std::fflush(stdout);
+  server->GetHealthCheckService()->SetServingStatus(false);
+  server->Shutdown(
+      absl::ToChronoTime(absl::Now() + absl::Seconds(config->drain_seconds)));
+  server->Wait();
+  server.reset();
+  store->reset();
+  std::printf("kvkeepd: stopped\n");
   return 0;
 }
 

@@ -1,0 +1,168 @@
+#include "services/common/convert.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace kvkeep {
+namespace {
+
+std::span<const std::byte> Bytes(const std::string& s) {
+  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+
+}  // namespace
+
+AppendRequest AppendFromProto(const v1::AppendRequest& in,
+                              std::vector<LayerKv>& layers) {
+  layers.clear();
+  layers.reserve(in.layers_size());
+  for (const v1::LayerKv& l : in.layers()) {
+    layers.push_back(LayerKv{Bytes(l.keys()), Bytes(l.values())});
+  }
+  return AppendRequest{
+      std::span<const int64_t>(in.positions().data(), in.positions_size()),
+      layers};
+}
+
+absl::StatusOr<std::vector<LayerScores>> ScoresFromProto(
+    const google::protobuf::RepeatedPtrField<v1::LayerScores>& in) {
+  std::vector<LayerScores> out;
+  out.reserve(in.size());
+  for (const v1::LayerScores& l : in) {
+    LayerScores s;
+    s.layer = l.layer();
+    s.version = l.version();
+    const google::protobuf::RepeatedField<float>* values = nullptr;
+    switch (l.source_case()) {
+      case v1::LayerScores::kPerHead:
+        s.source = ScoreSource::kPerHead;
+        s.rows = l.per_head().rows();
+        values = &l.per_head().values();
+        break;
+      case v1::LayerScores::kReduced:
+        s.source = ScoreSource::kReduced;
+        s.rows = l.reduced().rows();
+        values = &l.reduced().values();
+        break;
+      case v1::LayerScores::kQueries:
+        s.source = ScoreSource::kQueries;
+        s.rows = l.queries().rows();
+        values = &l.queries().values();
+        break;
+      case v1::LayerScores::SOURCE_NOT_SET:
+        return absl::InvalidArgumentError(
+            absl::StrCat("scores for layer ", l.layer(),
+                         " have no source: set per_head, reduced or queries"));
+    }
+    s.data = std::span<const float>(values->data(), values->size());
+    out.push_back(s);
+  }
+  return out;
+}
+
+void StepResultToProto(const StepResult& in, v1::StepResult* out) {
+  out->mutable_layers()->Reserve(static_cast<int>(in.layers.size()));
+  for (const LayerChange& c : in.layers) {
+    v1::LayerChange* l = out->add_layers();
+    l->set_layer(c.layer);
+    l->set_version(c.version);
+    l->set_resident(c.resident);
+    l->mutable_evicted_positions()->Add(c.evicted_positions.begin(),
+                                        c.evicted_positions.end());
+    for (const SlotMove& m : c.moves) {
+      v1::SlotMove* move = l->add_moves();
+      move->set_from_slot(m.from_slot);
+      move->set_to_slot(m.to_slot);
+    }
+    l->mutable_pages_freed()->Add(c.pages_freed.begin(), c.pages_freed.end());
+    l->mutable_pages_added()->Add(c.pages_added.begin(), c.pages_added.end());
+  }
+}
+
+v1::DType DTypeToProto(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return v1::DTYPE_F32;
+    case DType::kF16:
+      return v1::DTYPE_F16;
+    case DType::kBF16:
+      return v1::DTYPE_BF16;
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+absl::StatusOr<DType> DTypeFromProto(v1::DType t) {
+  switch (t) {
+    case v1::DTYPE_F32:
+      return DType::kF32;
+    case v1::DTYPE_F16:
+      return DType::kF16;
+    case v1::DTYPE_BF16:
+      return DType::kBF16;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown dtype ", static_cast<int>(t)));
+  }
+}
+
+void LayoutToProto(const ModelLayout& in, v1::Layout* out) {
+  out->set_name(in.name);
+  out->set_num_layers(in.num_layers);
+  out->set_kv_heads(in.kv_heads);
+  out->set_query_heads(in.query_heads);
+  out->set_head_dim(in.head_dim);
+  out->set_dtype(DTypeToProto(in.dtype));
+  out->set_page_tokens(in.page_tokens);
+  out->set_keys_pre_rope(in.keys_pre_rope);
+  out->set_page_bytes(in.page_layout().page_bytes());
+}
+
+void StatsToProto(const SessionStats& in, v1::SessionStats* out) {
+  out->set_session_id(SessionName(in.id));
+  out->set_layout(in.layout);
+  out->set_policy(in.policy);
+  out->set_tenant(in.tenant);
+  out->set_resident_tokens(in.resident_tokens);
+  out->set_pages(in.pages);
+  out->set_resident_bytes(in.bytes);
+  out->set_evicted_tokens(in.evicted_tokens);
+  out->set_evicted_score(in.evicted_score);
+  out->set_score_updates(in.score_updates);
+  out->set_compressed(in.compressed);
+  out->mutable_layer_resident()->Add(in.layer_resident.begin(),
+                                     in.layer_resident.end());
+  out->mutable_layer_budget()->Add(in.layer_budget.begin(),
+                                   in.layer_budget.end());
+  out->mutable_layer_version()->Add(in.layer_version.begin(),
+                                    in.layer_version.end());
+}
+
+void BlockTableToProto(const BlockTable& in, v1::BlockTable* out) {
+  out->set_layer(in.layer);
+  out->set_version(in.version);
+  out->set_page_tokens(in.page_tokens);
+  out->mutable_pages()->Add(in.pages.begin(), in.pages.end());
+  out->mutable_positions()->Add(in.positions.begin(), in.positions.end());
+  out->mutable_cache_positions()->Add(in.cache_positions.begin(),
+                                      in.cache_positions.end());
+}
+
+SessionSpec SpecFromProto(const v1::CreateSessionRequest& in) {
+  SessionSpec spec;
+  spec.layout = in.layout();
+  spec.policy.name = in.policy();
+  spec.policy.params.insert(in.policy_params().begin(),
+                            in.policy_params().end());
+  spec.budget.tokens = in.budget().tokens();
+  spec.budget.per_layer.assign(in.budget().per_layer().begin(),
+                               in.budget().per_layer().end());
+  if (!in.budget().schedule().empty()) {
+    spec.budget.schedule = in.budget().schedule();
+  }
+  if (in.budget().pyramid_beta() != 0) {
+    spec.budget.pyramid_beta = in.budget().pyramid_beta();
+  }
+  spec.idempotency_key = in.idempotency_key();
+  return spec;
+}
+
+}  // namespace kvkeep

@@ -1,0 +1,38 @@
+// Translation between kvkeep.v1 messages and the domain's values. Requests
+// are borrowed, not copied: a domain request built from a proto points into
+// the proto's buffers and lives no longer than it. Thread-safe (stateless).
+#ifndef KVKEEP_SERVICES_COMMON_CONVERT_H_
+#define KVKEEP_SERVICES_COMMON_CONVERT_H_
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cache_store/cache_store.h"
+#include "kvkeep/v1/kvkeep.pb.h"
+
+namespace kvkeep {
+
+// A domain AppendRequest over the proto's buffers; `layers` is its storage.
+AppendRequest AppendFromProto(const v1::AppendRequest& in,
+                              std::vector<LayerKv>& layers);
+
+// Domain LayerScores over the proto's buffers. INVALID_ARGUMENT if an entry
+// has no source.
+absl::StatusOr<std::vector<LayerScores>> ScoresFromProto(
+    const google::protobuf::RepeatedPtrField<v1::LayerScores>& in);
+
+void StepResultToProto(const StepResult& in, v1::StepResult* out);
+void LayoutToProto(const ModelLayout& in, v1::Layout* out);
+void StatsToProto(const SessionStats& in, v1::SessionStats* out);
+void BlockTableToProto(const BlockTable& in, v1::BlockTable* out);
+
+v1::DType DTypeToProto(DType t);
+absl::StatusOr<DType> DTypeFromProto(v1::DType t);
+
+// The domain spec of a create request (tenant and defaults filled by the
+// caller).
+SessionSpec SpecFromProto(const v1::CreateSessionRequest& in);
+
+}  // namespace kvkeep
+
+#endif  // KVKEEP_SERVICES_COMMON_CONVERT_H_

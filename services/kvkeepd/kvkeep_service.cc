@@ -1,0 +1,544 @@
+#include "services/kvkeepd/kvkeep_service.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "cache_store/policy_registry.h"
+#include "services/common/convert.h"
+#include "services/common/grpc_status.h"
+
+#ifndef KVKEEP_VERSION
+#define KVKEEP_VERSION "dev"
+#endif
+
+namespace kvkeep {
+namespace {
+
+constexpr absl::string_view kBearer = "Bearer ";
+
+std::string Quote(absl::string_view s) { return absl::StrCat("\"", s, "\""); }
+
+}  // namespace
+
+KvKeepService::KvKeepService(CacheStore* store, ServiceOptions options)
+    : store_(store), options_(std::move(options)) {}
+
+absl::StatusOr<std::string> KvKeepService::Authenticate(
+    const grpc::CallbackServerContext& ctx) const {
+  if (options_.tenants_by_token.empty()) return std::string();
+  const auto& metadata = ctx.client_metadata();
+  auto it = metadata.find("authorization");
+  if (it == metadata.end()) {
+    return absl::UnauthenticatedError(
+        "this server requires a token: send metadata 'authorization: Bearer "
+        "<token>'");
+  }
+  const absl::string_view value(it->second.data(), it->second.size());
+  if (!absl::StartsWith(value, kBearer)) {
+    return absl::UnauthenticatedError(
+        "the authorization metadata must read 'Bearer <token>'");
+  }
+  auto tenant =
+      options_.tenants_by_token.find(std::string(value.substr(kBearer.size())));
+  if (tenant == options_.tenants_by_token.end()) {
+    return absl::UnauthenticatedError("unknown token");
+  }
+  return tenant->second;
+}
+
+absl::StatusOr<SessionId> KvKeepService::Authorize(
+    const std::string& tenant, const std::string& session_id) const {
+  const std::optional<SessionId> id = ParseSessionName(session_id);
+  if (!id.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session_id ", Quote(session_id),
+                     " is not a kvkeep session id (16 lowercase hex digits)"));
+  }
+  absl::StatusOr<std::string> owner = store_->TenantOf(*id);
+  if (!owner.ok()) return owner.status();
+  if (*owner != tenant) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("session ", session_id, " belongs to another tenant"));
+  }
+  return *id;
+}
+
+void KvKeepService::LogEvent(absl::string_view event,
+                             absl::string_view fields) const {
+  if (!options_.log_events) return;
+  const std::string line = absl::StrCat(
+      "ts=",
+      absl::FormatTime(absl::RFC3339_full, absl::Now(), absl::UTCTimeZone()),
+      " event=", event, " ", fields, "\n");
+  std::fputs(line.c_str(), stderr);
+}
+
+grpc::Status KvKeepService::Finish(absl::string_view method,
+                                   const absl::Status& status) {
+  if (!status.ok()) {
+    LogEvent("error", absl::StrCat("method=", method, " code=",
+                                   absl::StatusCodeToString(status.code()),
+                                   " message=", Quote(status.message())));
+  }
+  return ToGrpcStatus(status);
+}
+
+grpc::ServerUnaryReactor* KvKeepService::Unary(
+    grpc::CallbackServerContext* ctx, absl::string_view method,
+    const std::function<absl::Status()>& fn) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(Finish(method, fn()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KvKeepService::GetServerInfo(
+    grpc::CallbackServerContext* ctx, const v1::GetServerInfoRequest*,
+    v1::ServerInfo* resp) {
+  return Unary(ctx, "GetServerInfo", [&]() -> absl::Status {
+    if (absl::StatusOr<std::string> t = Authenticate(*ctx); !t.ok()) {
+      return t.status();
+    }
+    resp->set_version(KVKEEP_VERSION);
+    resp->set_backend(options_.backend);
+    for (const LayoutStats& s : store_->Layouts()) {
+      LayoutToProto(s.layout, resp->add_layouts());
+      v1::Pool* pool = resp->add_pools();
+      pool->set_layout(s.layout.name);
+      pool->set_capacity_pages(s.pool.capacity_pages);
+      pool->set_used_pages(s.pool.used_pages);
+      pool->set_page_bytes(s.pool.page_bytes);
+      pool->set_sessions(s.sessions);
+      pool->set_allocation_failures(s.pool.allocation_failures);
+    }
+    for (absl::string_view name : PolicyNames()) {
+      resp->add_policies(std::string(name));
+    }
+    resp->set_max_sessions(options_.max_sessions);
+    resp->set_max_message_bytes(options_.max_message_bytes);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* KvKeepService::CreateSession(
+    grpc::CallbackServerContext* ctx, const v1::CreateSessionRequest* req,
+    v1::CreateSessionResponse* resp) {
+  return Unary(ctx, "CreateSession", [&]() -> absl::Status {
+    absl::StatusOr<std::string> tenant = Authenticate(*ctx);
+    if (!tenant.ok()) return tenant.status();
+    SessionSpec spec = SpecFromProto(*req);
+    spec.tenant = *tenant;
+    if (spec.policy.name.empty()) {
+      spec.policy = options_.default_policy;
+      // Parameters sent without a policy name refine the default's.
+      for (const auto& [key, value] : req->policy_params()) {
+        spec.policy.params[key] = value;
+      }
+    }
+    absl::StatusOr<SessionId> id = store_->CreateSession(spec);
+    if (!id.ok()) return id.status();
+    absl::StatusOr<SessionStats> stats = store_->GetStats(*id);
+    if (!stats.ok()) return stats.status();
+    resp->set_session_id(SessionName(*id));
+    resp->mutable_layer_budgets()->Add(stats->layer_budget.begin(),
+                                       stats->layer_budget.end());
+    resp->mutable_layer_versions()->Add(stats->layer_version.begin(),
+                                        stats->layer_version.end());
+    LogEvent(
+        "session_create",
+        absl::StrCat("session=", SessionName(*id), " tenant=", Quote(*tenant),
+                     " layout=", spec.layout, " policy=", spec.policy.name));
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* KvKeepService::CloseSession(
+    grpc::CallbackServerContext* ctx, const v1::CloseSessionRequest* req,
+    v1::CloseSessionResponse* resp) {
+  return Unary(ctx, "CloseSession", [&]() -> absl::Status {
+    absl::StatusOr<std::string> tenant = Authenticate(*ctx);
+    if (!tenant.ok()) return tenant.status();
+    absl::StatusOr<SessionId> id = Authorize(*tenant, req->session_id());
+    if (!id.ok()) return id.status();
+    absl::StatusOr<SessionStats> stats = store_->GetStats(*id);
+    if (!stats.ok()) return stats.status();
+    if (absl::Status s = store_->CloseSession(*id); !s.ok()) return s;
+    resp->set_freed_pages(stats->pages);
+    LogEvent(
+        "session_close",
+        absl::StrCat("session=", req->session_id(), " tenant=", Quote(*tenant),
+                     " evicted_tokens=", stats->evicted_tokens));
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* KvKeepService::GetSessionStats(
+    grpc::CallbackServerContext* ctx, const v1::GetSessionStatsRequest* req,
+    v1::SessionStats* resp) {
+  return Unary(ctx, "GetSessionStats", [&]() -> absl::Status {
+    absl::StatusOr<std::string> tenant = Authenticate(*ctx);
+    if (!tenant.ok()) return tenant.status();
+    absl::StatusOr<SessionId> id = Authorize(*tenant, req->session_id());
+    if (!id.ok()) return id.status();
+    absl::StatusOr<SessionStats> stats = store_->GetStats(*id);
+    if (!stats.ok()) return stats.status();
+    StatsToProto(*stats, resp);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* KvKeepService::ListSessions(
+    grpc::CallbackServerContext* ctx, const v1::ListSessionsRequest*,
+    v1::ListSessionsResponse* resp) {
+  return Unary(ctx, "ListSessions", [&]() -> absl::Status {
+    absl::StatusOr<std::string> tenant = Authenticate(*ctx);
+    if (!tenant.ok()) return tenant.status();
+    const bool all = options_.tenants_by_token.empty();
+    for (const SessionInfo& info : store_->Sessions()) {
+      if (!all && info.tenant != *tenant) continue;
+      absl::StatusOr<SessionStats> stats = store_->GetStats(info.id);
+      if (!stats.ok()) continue;  // closed since the listing
+      StatsToProto(*stats, resp->add_sessions());
+    }
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* KvKeepService::Append(
+    grpc::CallbackServerContext* ctx, const v1::AppendRequest* req,
+    v1::StepResult* resp) {
+  return Unary(ctx, "Append", [&]() -> absl::Status {
+    absl::StatusOr<std::string> tenant = Authenticate(*ctx);
+    if (!tenant.ok()) return tenant.status();
+    absl::StatusOr<SessionId> id = Authorize(*tenant, req->session_id());
+    if (!id.ok()) return id.status();
+    std::vector<LayerKv> layers;
+    absl::StatusOr<StepResult> result =
+        store_->Append(*id, AppendFromProto(*req, layers));
+    if (!result.ok()) return result.status();
+    StepResultToProto(*result, resp);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* KvKeepService::CompressPrompt(
+    grpc::CallbackServerContext* ctx, const v1::CompressPromptRequest* req,
+    v1::StepResult* resp) {
+  return Unary(ctx, "CompressPrompt", [&]() -> absl::Status {
+    absl::StatusOr<std::string> tenant = Authenticate(*ctx);
+    if (!tenant.ok()) return tenant.status();
+    absl::StatusOr<SessionId> id = Authorize(*tenant, req->session_id());
+    if (!id.ok()) return id.status();
+    absl::StatusOr<std::vector<LayerScores>> window =
+        ScoresFromProto(req->window());
+    if (!window.ok()) return window.status();
+    absl::StatusOr<StepResult> result = store_->CompressPrompt(*id, *window);
+    if (!result.ok()) return result.status();
+    StepResultToProto(*result, resp);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* KvKeepService::GetBlockTables(
+    grpc::CallbackServerContext* ctx, const v1::GetBlockTablesRequest* req,
+    v1::GetBlockTablesResponse* resp) {
+  return Unary(ctx, "GetBlockTables", [&]() -> absl::Status {
+    absl::StatusOr<std::string> tenant = Authenticate(*ctx);
+    if (!tenant.ok()) return tenant.status();
+    absl::StatusOr<SessionId> id = Authorize(*tenant, req->session_id());
+    if (!id.ok()) return id.status();
+    std::vector<int32_t> layers(req->layers().begin(), req->layers().end());
+    if (layers.empty()) {
+      absl::StatusOr<SessionStats> stats = store_->GetStats(*id);
+      if (!stats.ok()) return stats.status();
+      for (size_t l = 0; l < stats->layer_resident.size(); ++l) {
+        layers.push_back(static_cast<int32_t>(l));
+      }
+    }
+    for (int32_t layer : layers) {
+      absl::StatusOr<BlockTable> table = store_->GetBlockTable(*id, layer);
+      if (!table.ok()) return table.status();
+      BlockTableToProto(*table, resp->add_tables());
+    }
+    return absl::OkStatus();
+  });
+}
+
+namespace {
+
+// AppendPrefill: appends each chunk as it arrives; the reply lists one
+// result per chunk. The first failing chunk ends the call with its status;
+// the chunks before it stay appended (the message says how many).
+class PrefillReactor final : public grpc::ServerReadReactor<v1::AppendRequest> {
+ public:
+  PrefillReactor(KvKeepService* service, grpc::CallbackServerContext* ctx,
+                 v1::AppendPrefillResponse* resp)
+      : service_(service), resp_(resp) {
+    absl::StatusOr<std::string> tenant = service_->Authenticate(*ctx);
+    if (!tenant.ok()) {
+      Finish(service_->Finish("AppendPrefill", tenant.status()));
+      return;
+    }
+    tenant_ = *std::move(tenant);
+    StartRead(&chunk_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client finished sending
+      Finish(grpc::Status::OK);
+      return;
+    }
+    if (absl::Status s = AppendChunk(); !s.ok()) {
+      Finish(service_->Finish(
+          "AppendPrefill",
+          absl::Status(s.code(),
+                       absl::StrCat("chunk ", resp_->chunks_size(), ": ",
+                                    s.message(), " (", resp_->chunks_size(),
+                                    " earlier chunks were appended)"))));
+      return;
+    }
+    StartRead(&chunk_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status AppendChunk() {
+    if (session_id_.empty()) {
+      if (chunk_.session_id().empty()) {
+        return absl::InvalidArgumentError(
+            "the first message of AppendPrefill must name session_id");
+      }
+      absl::StatusOr<SessionId> id =
+          service_->Authorize(tenant_, chunk_.session_id());
+      if (!id.ok()) return id.status();
+      session_id_ = chunk_.session_id();
+      id_ = *id;
+    } else if (!chunk_.session_id().empty() &&
+               chunk_.session_id() != session_id_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("AppendPrefill serves one session (", session_id_,
+                       "); a chunk named ", chunk_.session_id()));
+    }
+    absl::StatusOr<StepResult> result =
+        service_->store().Append(id_, AppendFromProto(chunk_, layers_));
+    if (!result.ok()) return result.status();
+    StepResultToProto(*result, resp_->add_chunks());
+    return absl::OkStatus();
+  }
+
+  KvKeepService* const service_;
+  v1::AppendPrefillResponse* const resp_;
+  std::string tenant_;
+  std::string session_id_;
+  SessionId id_ = 0;
+  v1::AppendRequest chunk_;
+  std::vector<LayerKv> layers_;
+};
+
+// Decode: one reply per step, in order. A failing step ends the stream with
+// its status and changes nothing (Session::Step checks it whole).
+class DecodeReactor final
+    : public grpc::ServerBidiReactor<v1::DecodeStep, v1::DecodeStepResult> {
+ public:
+  DecodeReactor(KvKeepService* service, grpc::CallbackServerContext* ctx)
+      : service_(service) {
+    absl::StatusOr<std::string> tenant = service_->Authenticate(*ctx);
+    if (!tenant.ok()) {
+      Finish(service_->Finish("Decode", tenant.status()));
+      return;
+    }
+    tenant_ = *std::move(tenant);
+    StartRead(&step_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    result_.Clear();
+    if (absl::Status s = RunStep(); !s.ok()) {
+      Finish(service_->Finish("Decode", s));
+      return;
+    }
+    StartWrite(&result_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
+      return;
+    }
+    StartRead(&step_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status RunStep() {
+    if (session_id_.empty()) {
+      if (step_.session_id().empty()) {
+        return absl::InvalidArgumentError(
+            "the first message of a Decode stream must name session_id");
+      }
+      absl::StatusOr<SessionId> id =
+          service_->Authorize(tenant_, step_.session_id());
+      if (!id.ok()) return id.status();
+      session_id_ = step_.session_id();
+      id_ = *id;
+    } else if (!step_.session_id().empty() &&
+               step_.session_id() != session_id_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a Decode stream serves one session (", session_id_,
+                       "); a step named ", step_.session_id()));
+    }
+    absl::StatusOr<std::vector<LayerScores>> scores =
+        ScoresFromProto(step_.scores());
+    if (!scores.ok()) return scores.status();
+    const AppendRequest append = AppendFromProto(step_.append(), layers_);
+    absl::StatusOr<StepOutcome> outcome =
+        service_->store().Step(id_, append, *scores);
+    if (!outcome.ok()) return outcome.status();
+    if (step_.has_append()) {
+      StepResultToProto(outcome->append, result_.mutable_append());
+    }
+    StepResultToProto(outcome->scores, result_.mutable_scores());
+    return absl::OkStatus();
+  }
+
+  KvKeepService* const service_;
+  std::string tenant_;
+  std::string session_id_;
+  SessionId id_ = 0;
+  v1::DecodeStep step_;
+  v1::DecodeStepResult result_;
+  std::vector<LayerKv> layers_;
+};
+
+// ReadKv: each requested layer's resident K/V in slot order, in chunks that
+// keep every message well under the server's message limit.
+class ReadKvReactor final : public grpc::ServerWriteReactor<v1::KvChunk> {
+ public:
+  ReadKvReactor(KvKeepService* service, grpc::CallbackServerContext* ctx,
+                const v1::ReadKvRequest* req)
+      : service_(service) {
+    if (absl::Status s = Start(*ctx, *req); !s.ok()) {
+      Finish(service_->Finish("ReadKv", s));
+      return;
+    }
+    Next();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
+      return;
+    }
+    Next();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status Start(const grpc::CallbackServerContext& ctx,
+                     const v1::ReadKvRequest& req) {
+    absl::StatusOr<std::string> tenant = service_->Authenticate(ctx);
+    if (!tenant.ok()) return tenant.status();
+    absl::StatusOr<SessionId> id =
+        service_->Authorize(*tenant, req.session_id());
+    if (!id.ok()) return id.status();
+    id_ = *id;
+    layers_.assign(req.layers().begin(), req.layers().end());
+    absl::StatusOr<SessionStats> stats = service_->store().GetStats(id_);
+    if (!stats.ok()) return stats.status();
+    if (layers_.empty()) {
+      for (size_t l = 0; l < stats->layer_resident.size(); ++l) {
+        layers_.push_back(static_cast<int32_t>(l));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Writes the next chunk, or finishes.
+  void Next() {
+    while (next_slot_ >= static_cast<int64_t>(copy_.positions.size())) {
+      if (next_layer_ >= layers_.size()) {
+        Finish(grpc::Status::OK);
+        return;
+      }
+      layer_ = layers_[next_layer_++];
+      absl::StatusOr<LayerKvCopy> copy =
+          service_->store().ReadLayer(id_, layer_);
+      if (!copy.ok()) {
+        Finish(service_->Finish("ReadKv", copy.status()));
+        return;
+      }
+      copy_ = *std::move(copy);
+      next_slot_ = 0;
+      if (copy_.positions.empty()) {  // an empty layer still gets a message
+        chunk_.Clear();
+        chunk_.set_layer(layer_);
+        chunk_.set_version(copy_.version);
+        StartWrite(&chunk_);
+        return;
+      }
+    }
+    const int64_t n = static_cast<int64_t>(copy_.positions.size());
+    const int64_t token_bytes =
+        static_cast<int64_t>(copy_.keys.size()) / std::max<int64_t>(n, 1);
+    const int64_t budget = std::min<int64_t>(
+        kChunkBytes, service_->options().max_message_bytes / 4);
+    const int64_t tokens =
+        std::max<int64_t>(1, budget / std::max<int64_t>(1, 2 * token_bytes));
+    const int64_t end = std::min(n, next_slot_ + tokens);
+    chunk_.Clear();
+    chunk_.set_layer(layer_);
+    chunk_.set_version(copy_.version);
+    chunk_.set_first_slot(next_slot_);
+    chunk_.mutable_positions()->Add(copy_.positions.begin() + next_slot_,
+                                    copy_.positions.begin() + end);
+    const auto* k = reinterpret_cast<const char*>(copy_.keys.data());
+    const auto* v = reinterpret_cast<const char*>(copy_.values.data());
+    chunk_.set_keys(k + next_slot_ * token_bytes,
+                    (end - next_slot_) * token_bytes);
+    chunk_.set_values(v + next_slot_ * token_bytes,
+                      (end - next_slot_) * token_bytes);
+    next_slot_ = end;
+    StartWrite(&chunk_);
+  }
+
+  static constexpr int64_t kChunkBytes = 1 << 20;
+
+  KvKeepService* const service_;
+  SessionId id_ = 0;
+  std::vector<int32_t> layers_;
+  size_t next_layer_ = 0;
+  int32_t layer_ = 0;
+  LayerKvCopy copy_;
+  int64_t next_slot_ = 0;
+  v1::KvChunk chunk_;
+};
+
+}  // namespace
+
+grpc::ServerReadReactor<v1::AppendRequest>* KvKeepService::AppendPrefill(
+    grpc::CallbackServerContext* ctx, v1::AppendPrefillResponse* resp) {
+  return new PrefillReactor(this, ctx, resp);
+}
+
+grpc::ServerBidiReactor<v1::DecodeStep, v1::DecodeStepResult>*
+KvKeepService::Decode(grpc::CallbackServerContext* ctx) {
+  return new DecodeReactor(this, ctx);
+}
+
+grpc::ServerWriteReactor<v1::KvChunk>* KvKeepService::ReadKv(
+    grpc::CallbackServerContext* ctx, const v1::ReadKvRequest* req) {
+  return new ReadKvReactor(this, ctx, req);
+}
+
+}  // namespace kvkeep

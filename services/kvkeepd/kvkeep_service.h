@@ -1,0 +1,96 @@
+// KvKeepService: the kvkeep.v1.KvKeep gRPC service over a CacheStore. An
+// adapter only: it authenticates the caller, checks the session's tenant,
+// translates messages to and from the domain, and maps statuses; the store
+// does the work. Built on gRPC's callback API: one session's messages on a
+// stream are handled in order, different sessions in parallel.
+//
+// Thread-safe.
+#ifndef KVKEEP_SERVICES_KVKEEPD_KVKEEP_SERVICE_H_
+#define KVKEEP_SERVICES_KVKEEPD_KVKEEP_SERVICE_H_
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "cache_store/cache_store.h"
+#include "kvkeep/v1/kvkeep.grpc.pb.h"
+
+namespace kvkeep {
+
+struct ServiceOptions {
+  // token -> tenant; empty: no authentication, every caller is tenant "".
+  absl::flat_hash_map<std::string, std::string> tenants_by_token;
+  PolicySpec default_policy{"h2o", {}};
+  int64_t max_sessions = 0;       // reported in ServerInfo
+  int64_t max_message_bytes = 0;  // reported in ServerInfo; bounds chunks
+  std::string backend = "host";
+  bool log_events = false;  // a line on stderr per create/close and error
+};
+
+class KvKeepService final : public v1::KvKeep::CallbackService {
+ public:
+  // `store` must outlive the service.
+  KvKeepService(CacheStore* store, ServiceOptions options);
+
+  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* ctx,
+                                          const v1::GetServerInfoRequest* req,
+                                          v1::ServerInfo* resp) override;
+  grpc::ServerUnaryReactor* CreateSession(
+      grpc::CallbackServerContext* ctx, const v1::CreateSessionRequest* req,
+      v1::CreateSessionResponse* resp) override;
+  grpc::ServerUnaryReactor* CloseSession(
+      grpc::CallbackServerContext* ctx, const v1::CloseSessionRequest* req,
+      v1::CloseSessionResponse* resp) override;
+  grpc::ServerUnaryReactor* GetSessionStats(
+      grpc::CallbackServerContext* ctx, const v1::GetSessionStatsRequest* req,
+      v1::SessionStats* resp) override;
+  grpc::ServerUnaryReactor* ListSessions(
+      grpc::CallbackServerContext* ctx, const v1::ListSessionsRequest* req,
+      v1::ListSessionsResponse* resp) override;
+  grpc::ServerReadReactor<v1::AppendRequest>* AppendPrefill(
+      grpc::CallbackServerContext* ctx,
+      v1::AppendPrefillResponse* resp) override;
+  grpc::ServerUnaryReactor* Append(grpc::CallbackServerContext* ctx,
+                                   const v1::AppendRequest* req,
+                                   v1::StepResult* resp) override;
+  grpc::ServerBidiReactor<v1::DecodeStep, v1::DecodeStepResult>* Decode(
+      grpc::CallbackServerContext* ctx) override;
+  grpc::ServerUnaryReactor* CompressPrompt(grpc::CallbackServerContext* ctx,
+                                           const v1::CompressPromptRequest* req,
+                                           v1::StepResult* resp) override;
+  grpc::ServerUnaryReactor* GetBlockTables(
+      grpc::CallbackServerContext* ctx, const v1::GetBlockTablesRequest* req,
+      v1::GetBlockTablesResponse* resp) override;
+  grpc::ServerWriteReactor<v1::KvChunk>* ReadKv(
+      grpc::CallbackServerContext* ctx, const v1::ReadKvRequest* req) override;
+
+  // The caller's tenant: UNAUTHENTICATED without a valid bearer token when
+  // tokens are configured.
+  absl::StatusOr<std::string> Authenticate(
+      const grpc::CallbackServerContext& ctx) const;
+  // The session `session_id` names, if `tenant` may use it:
+  // INVALID_ARGUMENT (malformed id), NOT_FOUND, PERMISSION_DENIED.
+  absl::StatusOr<SessionId> Authorize(const std::string& tenant,
+                                      const std::string& session_id) const;
+  // Logs a failed call (when log_events) and maps its status.
+  grpc::Status Finish(absl::string_view method, const absl::Status& status);
+  void LogEvent(absl::string_view event, absl::string_view fields) const;
+
+  CacheStore& store() { return *store_; }
+  const ServiceOptions& options() const { return options_; }
+
+ private:
+  // Runs fn for a unary call and finishes it with fn's status.
+  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx,
+                                  absl::string_view method,
+                                  const std::function<absl::Status()>& fn);
+
+  CacheStore* const store_;
+  const ServiceOptions options_;
+};
+
+}  // namespace kvkeep
+
+#endif  // KVKEEP_SERVICES_KVKEEPD_KVKEEP_SERVICE_H_

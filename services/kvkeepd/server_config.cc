@@ -1,0 +1,187 @@
+#include "services/kvkeepd/server_config.h"
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+
+namespace kvkeep {
+namespace {
+
+using Json = nlohmann::json;
+
+ModelLayout DemoLayout() {
+  ModelLayout l;
+  l.name = "demo";
+  l.num_layers = 8;
+  l.kv_heads = 8;
+  l.query_heads = 32;
+  l.head_dim = 128;
+  l.dtype = DType::kBF16;
+  l.page_tokens = 16;
+  return l;
+}
+
+// Rejects keys of `object` outside `known`, naming where they were.
+absl::Status CheckKeys(const Json& object, absl::string_view where,
+                       const std::set<std::string>& known) {
+  if (!object.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: ", where, " must be an object"));
+  }
+  for (const auto& [key, value] : object.items()) {
+    if (!known.contains(key)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config: unknown key '", key, "' in ", where,
+                       " (known: ", absl::StrJoin(known, ", "), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status Read(const Json& object, const char* key, absl::string_view where,
+                  T& out) {
+  auto it = object.find(key);
+  if (it == object.end()) return absl::OkStatus();
+  try {
+    out = it->get<T>();
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config: ", where, ".", key, " has the wrong type: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+#define KVKEEP_RETURN_IF_ERROR(expr)          \
+  do {                                        \
+    if (absl::Status _s = (expr); !_s.ok()) { \
+      return _s;                              \
+    }                                         \
+  } while (0)
+
+absl::StatusOr<PoolSpec> ParseLayout(const Json& j, int index) {
+  const std::string where = absl::StrCat("layouts[", index, "]");
+  KVKEEP_RETURN_IF_ERROR(
+      CheckKeys(j, where,
+                {"name", "num_layers", "kv_heads", "query_heads", "head_dim",
+                 "dtype", "page_tokens", "keys_pre_rope", "pool_pages"}));
+  PoolSpec spec;
+  ModelLayout& l = spec.layout;
+  std::string dtype = "bf16";
+  KVKEEP_RETURN_IF_ERROR(Read(j, "name", where, l.name));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "num_layers", where, l.num_layers));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "kv_heads", where, l.kv_heads));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "query_heads", where, l.query_heads));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "head_dim", where, l.head_dim));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "dtype", where, dtype));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "page_tokens", where, l.page_tokens));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "keys_pre_rope", where, l.keys_pre_rope));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "pool_pages", where, spec.capacity_pages));
+  absl::StatusOr<DType> parsed = ParseDType(dtype);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: ", where, ": ", parsed.status().message()));
+  }
+  l.dtype = *parsed;
+  KVKEEP_RETURN_IF_ERROR(ValidateLayout(l));
+  if (spec.capacity_pages <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: ", where, ".pool_pages must be positive"));
+  }
+  return spec;
+}
+
+}  // namespace
+
+ServerConfig DefaultConfig() {
+  ServerConfig config;
+  config.pools.push_back(PoolSpec{DemoLayout(), 4096});
+  return config;
+}
+
+absl::Status ApplyConfigJson(absl::string_view text, ServerConfig& config) {
+  Json j;
+  try {
+    j = Json::parse(text.begin(), text.end());
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: not valid JSON: ", e.what()));
+  }
+  KVKEEP_RETURN_IF_ERROR(
+      CheckKeys(j, "the config",
+                {"listen", "metrics_listen", "layouts", "default_policy",
+                 "limits", "tenants", "tls", "drain_seconds", "log_events"}));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "listen", "config", config.listen));
+  KVKEEP_RETURN_IF_ERROR(
+      Read(j, "metrics_listen", "config", config.metrics_listen));
+  KVKEEP_RETURN_IF_ERROR(
+      Read(j, "drain_seconds", "config", config.drain_seconds));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "log_events", "config", config.log_events));
+  if (auto it = j.find("layouts"); it != j.end()) {
+    if (!it->is_array() || it->empty()) {
+      return absl::InvalidArgumentError(
+          "config: layouts must be a non-empty array");
+    }
+    config.pools.clear();
+    int index = 0;
+    for (const Json& layout : *it) {
+      absl::StatusOr<PoolSpec> spec = ParseLayout(layout, index++);
+      if (!spec.ok()) return spec.status();
+      config.pools.push_back(*std::move(spec));
+    }
+  }
+  if (auto it = j.find("default_policy"); it != j.end()) {
+    KVKEEP_RETURN_IF_ERROR(
+        CheckKeys(*it, "default_policy", {"name", "params"}));
+    KVKEEP_RETURN_IF_ERROR(
+        Read(*it, "name", "default_policy", config.default_policy.name));
+    KVKEEP_RETURN_IF_ERROR(
+        Read(*it, "params", "default_policy", config.default_policy.params));
+  }
+  if (auto it = j.find("limits"); it != j.end()) {
+    KVKEEP_RETURN_IF_ERROR(
+        CheckKeys(*it, "limits",
+                  {"max_sessions", "max_message_bytes",
+                   "max_sessions_per_tenant", "max_bytes_per_tenant"}));
+    KVKEEP_RETURN_IF_ERROR(
+        Read(*it, "max_sessions", "limits", config.max_sessions));
+    KVKEEP_RETURN_IF_ERROR(
+        Read(*it, "max_message_bytes", "limits", config.max_message_bytes));
+    KVKEEP_RETURN_IF_ERROR(Read(*it, "max_sessions_per_tenant", "limits",
+                                config.max_sessions_per_tenant));
+    KVKEEP_RETURN_IF_ERROR(Read(*it, "max_bytes_per_tenant", "limits",
+                                config.max_bytes_per_tenant));
+  }
+  if (auto it = j.find("tenants"); it != j.end()) {
+    if (!it->is_array()) {
+      return absl::InvalidArgumentError("config: tenants must be an array");
+    }
+    config.tenants.clear();
+    int index = 0;
+    for (const Json& t : *it) {
+      const std::string where = absl::StrCat("tenants[", index++, "]");
+      KVKEEP_RETURN_IF_ERROR(CheckKeys(t, where, {"name", "token"}));
+      TenantToken tenant;
+      KVKEEP_RETURN_IF_ERROR(Read(t, "name", where, tenant.tenant));
+      KVKEEP_RETURN_IF_ERROR(Read(t, "token", where, tenant.token));
+      if (tenant.tenant.empty() || tenant.token.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("config: ", where, " needs a name and a token"));
+      }
+      config.tenants.push_back(std::move(tenant));
+    }
+  }
+  if (auto it = j.find("tls"); it != j.end()) {
+    KVKEEP_RETURN_IF_ERROR(
+        CheckKeys(*it, "tls", {"cert_file", "key_file", "client_ca_file"}));
+    KVKEEP_RETURN_IF_ERROR(Read(*it, "cert_file", "tls", config.tls.cert_file));
+    KVKEEP_RETURN_IF_ERROR(Read(*it, "key_file", "tls", config.tls.key_file));
+    KVKEEP_RETURN_IF_ERROR(
+        Read(*it, "client_ca_file", "tls", config.tls.client_ca_file));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvkeep

@@ -1,0 +1,55 @@
+// ServerConfig: everything kvkeepd is configured with, from its embedded
+// default, a JSON config file (docs/config.md) and flags, in that order of
+// precedence. A plain value; thread-safe to share once built.
+#ifndef KVKEEP_SERVICES_KVKEEPD_SERVER_CONFIG_H_
+#define KVKEEP_SERVICES_KVKEEPD_SERVER_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "cache_store/cache_store.h"
+
+namespace kvkeep {
+
+struct TenantToken {
+  std::string tenant;
+  std::string token;
+};
+
+struct TlsConfig {
+  std::string cert_file;       // PEM server certificate chain; empty: no TLS
+  std::string key_file;        // PEM private key
+  std::string client_ca_file;  // PEM CA; set: clients must present a cert
+};
+
+struct ServerConfig {
+  std::string listen = "127.0.0.1:50051";
+  std::string metrics_listen = "127.0.0.1:9464";
+  std::vector<PoolSpec> pools;  // layouts and their pool sizes
+  PolicySpec default_policy{"h2o", {}};
+  int64_t max_sessions = 65536;
+  int64_t max_message_bytes = 64 << 20;
+  int64_t max_sessions_per_tenant = 0;  // 0: no limit
+  int64_t max_bytes_per_tenant = 0;     // 0: no limit
+  std::vector<TenantToken> tenants;     // empty: no authentication
+  TlsConfig tls;
+  double drain_seconds = 10;  // graceful shutdown deadline
+  bool log_events = false;    // one line per session create/close and error
+};
+
+// The embedded default: one small Llama-like "demo" layout (8 layers, 8 kv /
+// 32 query heads, head_dim 128, bf16, 16-token pages) on a 4096-page host
+// pool, loopback addresses, no authentication.
+ServerConfig DefaultConfig();
+
+// Overlays a JSON config document onto `config`. Unknown keys, wrong types
+// and bad values are INVALID_ARGUMENT naming the key. A document with
+// "layouts" replaces the default layouts.
+absl::Status ApplyConfigJson(absl::string_view json, ServerConfig& config);
+
+}  // namespace kvkeep
+
+#endif  // KVKEEP_SERVICES_KVKEEPD_SERVER_CONFIG_H_
