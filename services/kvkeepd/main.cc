@@ -55,6 +55,8 @@ ABSL_FLAG(bool, log_events, false,
           "log one line per session create/close and per error (stderr)");
 ABSL_FLAG(bool, self_check, true,
           "decode a short demo session through the store before serving");
+ABSL_FLAG(bool, exit_after_start, false,
+          "exit 0 once serving has started (a smoke test of the start-up)");
 
 namespace kvkeep {
 namespace {
@@ -297,7 +299,11 @@ int Main(int argc, char** argv) {
   std::fflush(stdout);
 
   int sig = 0;
-  sigwait(&signals, &sig);
+  if (absl::GetFlag(FLAGS_exit_after_start)) {
+    sig = SIGTERM;
+  } else {
+    sigwait(&signals, &sig);
+  }
   std::printf("kvkeepd: signal %d: draining (up to %.1fs)\n", sig,
               config->drain_seconds);
   std::fflush(stdout);
