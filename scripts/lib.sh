@@ -6,6 +6,7 @@ KVKEEP_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
+  python3-grpcio openssl
 )
 
 kvkeep_install_missing() {

@@ -1,0 +1,110 @@
+// Tests of kvkeepd's configuration: the embedded default, the JSON file
+// (every key of docs/config.md, the shipped example) and its errors.
+#include "services/kvkeepd/server_config.h"
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace kvkeep {
+namespace {
+
+using ::testing::HasSubstr;
+
+absl::Status Apply(const std::string& json, ServerConfig& config) {
+  return ApplyConfigJson(json, config);
+}
+
+TEST(ServerConfigTest, DefaultServesTheDemoLayoutOnLoopback) {
+  const ServerConfig c = DefaultConfig();
+  EXPECT_EQ(c.listen, "127.0.0.1:50051");
+  EXPECT_EQ(c.metrics_listen, "127.0.0.1:9464");
+  ASSERT_EQ(c.pools.size(), 1u);
+  EXPECT_EQ(c.pools[0].layout.name, "demo");
+  EXPECT_EQ(c.pools[0].capacity_pages, 4096);
+  EXPECT_TRUE(ValidateLayout(c.pools[0].layout).ok());
+  EXPECT_TRUE(c.tenants.empty());
+  EXPECT_TRUE(c.tls.cert_file.empty());
+}
+
+TEST(ServerConfigTest, TheShippedExampleParsesAndSetsEveryKey) {
+  std::ifstream in(std::string(KVKEEP_SOURCE_DIR) +
+                   "/config/kvkeepd.example.json");
+  ASSERT_TRUE(in) << "config/kvkeepd.example.json is missing";
+  std::stringstream text;
+  text << in.rdbuf();
+  ServerConfig c = DefaultConfig();
+  ASSERT_TRUE(Apply(text.str(), c).ok());
+  ASSERT_EQ(c.pools.size(), 2u);
+  EXPECT_EQ(c.pools[0].layout.name, "llama3-8b");
+  EXPECT_EQ(c.pools[0].layout.num_layers, 32);
+  EXPECT_EQ(c.pools[0].layout.dtype, DType::kBF16);
+  EXPECT_EQ(c.pools[0].capacity_pages, 65536);
+  EXPECT_EQ(c.pools[1].layout.dtype, DType::kF32);
+  EXPECT_EQ(c.pools[1].layout.page_tokens, 4);
+  EXPECT_EQ(c.default_policy.name, "h2o");
+  EXPECT_EQ(c.default_policy.params.at("recent"), "64");
+  EXPECT_EQ(c.max_sessions, 4096);
+  EXPECT_EQ(c.max_sessions_per_tenant, 1024);
+  EXPECT_EQ(c.max_bytes_per_tenant, int64_t{32} << 30);
+  ASSERT_EQ(c.tenants.size(), 2u);
+  EXPECT_EQ(c.tenants[1].tenant, "team-b");
+  EXPECT_TRUE(c.log_events);
+  // Every layout in the example is one the store accepts.
+  StoreOptions options;
+  options.pools = {c.pools[1]};
+  EXPECT_TRUE(CacheStore::Create(options).ok());
+}
+
+TEST(ServerConfigTest, KeysOverlayTheDefault) {
+  ServerConfig c = DefaultConfig();
+  ASSERT_TRUE(Apply(R"({"listen": "0.0.0.0:7000", "drain_seconds": 2.5,
+                        "tls": {"cert_file": "c.pem", "key_file": "k.pem"}})",
+                    c)
+                  .ok());
+  EXPECT_EQ(c.listen, "0.0.0.0:7000");
+  EXPECT_EQ(c.drain_seconds, 2.5);
+  EXPECT_EQ(c.tls.cert_file, "c.pem");
+  EXPECT_EQ(c.pools.size(), 1u) << "layouts untouched when absent";
+}
+
+TEST(ServerConfigTest, ErrorsNameTheKey) {
+  struct Case {
+    std::string json;
+    std::string fragment;
+  };
+  const Case cases[] = {
+      {"not json", "not valid JSON"},
+      {R"({"listne": "x"})", "unknown key 'listne'"},
+      {R"({"limits": {"max_session": 1}})", "unknown key 'max_session'"},
+      {R"({"listen": 5})", "config.listen"},
+      {R"({"layouts": []})", "non-empty array"},
+      {R"({"layouts": [{"name": "a", "num_layers": 1, "kv_heads": 1,
+           "query_heads": 1, "head_dim": 4, "dtype": "f64",
+           "pool_pages": 1}]})",
+       "unknown dtype 'f64'"},
+      {R"({"layouts": [{"name": "a", "num_layers": 1, "kv_heads": 2,
+           "query_heads": 3, "head_dim": 4, "pool_pages": 1}]})",
+       "multiple of kv_heads"},
+      {R"({"layouts": [{"name": "a", "num_layers": 1, "kv_heads": 1,
+           "query_heads": 1, "head_dim": 4, "pool_pages": 0}]})",
+       "pool_pages must be positive"},
+      {R"({"layouts": [{"name": "a", "heads": 1}]})", "unknown key 'heads'"},
+      {R"({"tenants": [{"name": "a"}]})", "needs a name and a token"},
+      {R"({"tenants": {"name": "a"}})", "tenants must be an array"},
+      {R"({"default_policy": {"name": "h2o", "parms": {}}})",
+       "unknown key 'parms'"},
+  };
+  for (const Case& c : cases) {
+    ServerConfig config = DefaultConfig();
+    const absl::Status s = Apply(c.json, config);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.json;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.fragment)) << c.json;
+  }
+}
+
+}  // namespace
+}  // namespace kvkeep
