@@ -23,8 +23,8 @@ struct ServiceOptions {
   // token -> tenant; empty: no authentication, every caller is tenant "".
   absl::flat_hash_map<std::string, std::string> tenants_by_token;
   PolicySpec default_policy{"h2o", {}};
-  int64_t max_sessions = 0;       // reported in ServerInfo
-  int64_t max_message_bytes = 0;  // reported in ServerInfo; bounds chunks
+  int64_t max_sessions = 0;              // reported in ServerInfo
+  int64_t max_message_bytes = 64 << 20;  // in ServerInfo; bounds ReadKv chunks
   std::string backend = "host";
   bool log_events = false;  // a line on stderr per create/close and error
 };
