@@ -98,6 +98,16 @@ class EvictionPolicy {
                              std::vector<int32_t>* victims) const = 0;
 
  protected:
+  // score[s] += every row's attention to s: the accumulation of h2o and its
+  // relatives.
+  static void AddRows(LayerTokens& t, const StepAttention& step) {
+    float* __restrict score = t.score.data();
+    for (int32_t r = 0; r < step.num_rows; ++r) {
+      const float* __restrict row = step.row(r);
+#pragma omp simd
+      for (int64_t s = 0; s < step.num_slots; ++s) score[s] += row[s];
+    }
+  }
   bool IsProtected(int64_t arrival, int64_t appended) const {
     return arrival < common_.sinks || arrival >= appended - common_.recent;
   }

@@ -22,10 +22,7 @@ class H2OPagePolicy final : public EvictionPolicy {
     return EvictionTrigger::kOnAttention;
   }
   void Observe(LayerTokens t, const StepAttention& step) const override {
-    for (int32_t r = 0; r < step.num_rows; ++r) {
-      const float* row = step.row(r);
-      for (int64_t s = 0; s < step.num_slots; ++s) t.score[s] += row[s];
-    }
+    AddRows(t, step);
   }
   void SelectVictims(LayerTokens t, int64_t count,
                      std::vector<RankedItem>& scratch,

@@ -23,12 +23,7 @@ class H2OPolicy final : public EvictionPolicy {
     return EvictionTrigger::kOnAttention;
   }
   void Observe(LayerTokens t, const StepAttention& step) const override {
-    float* __restrict score = t.score.data();
-    for (int32_t r = 0; r < step.num_rows; ++r) {
-      const float* __restrict row = step.row(r);
-#pragma omp simd
-      for (int64_t s = 0; s < step.num_slots; ++s) score[s] += row[s];
-    }
+    AddRows(t, step);
   }
   void SelectVictims(LayerTokens t, int64_t count,
                      std::vector<RankedItem>& scratch,

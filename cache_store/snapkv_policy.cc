@@ -43,10 +43,7 @@ class SnapKvPolicy final : public EvictionPolicy {
   // The window's attention replaces the score: compression is one-shot.
   void Observe(LayerTokens t, const StepAttention& step) const override {
     std::fill(t.score.begin(), t.score.end(), 0.0f);
-    for (int32_t r = 0; r < step.num_rows; ++r) {
-      const float* row = step.row(r);
-      for (int64_t s = 0; s < step.num_slots; ++s) t.score[s] += row[s];
-    }
+    AddRows(t, step);
   }
 
   void SelectVictims(LayerTokens t, int64_t count,

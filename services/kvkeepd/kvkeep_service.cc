@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -270,6 +271,41 @@ grpc::ServerUnaryReactor* KvKeepService::GetBlockTables(
 
 namespace {
 
+// Binds a client stream to the one session its first message names; later
+// messages may repeat the id or leave it empty.
+class StreamBinding {
+ public:
+  StreamBinding(const KvKeepService* service, std::string tenant,
+                absl::string_view method)
+      : service_(service), tenant_(std::move(tenant)), method_(method) {}
+
+  // The session for a message naming `session_id` (or nothing).
+  absl::StatusOr<SessionId> Resolve(const std::string& session_id) {
+    if (name_.empty()) {
+      if (session_id.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the first message of ", method_, " must name session_id"));
+      }
+      absl::StatusOr<SessionId> id = service_->Authorize(tenant_, session_id);
+      if (!id.ok()) return id.status();
+      name_ = session_id;
+      id_ = *id;
+    } else if (!session_id.empty() && session_id != name_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(method_, " serves one session (", name_,
+                       "); a message named ", session_id));
+    }
+    return id_;
+  }
+
+ private:
+  const KvKeepService* const service_;
+  const std::string tenant_;
+  const absl::string_view method_;
+  std::string name_;
+  SessionId id_ = 0;
+};
+
 // AppendPrefill: appends each chunk as it arrives; the reply lists one
 // result per chunk. The first failing chunk ends the call with its status;
 // the chunks before it stay appended (the message says how many).
@@ -283,7 +319,7 @@ class PrefillReactor final : public grpc::ServerReadReactor<v1::AppendRequest> {
       Finish(service_->Finish("AppendPrefill", tenant.status()));
       return;
     }
-    tenant_ = *std::move(tenant);
+    binding_.emplace(service_, *std::move(tenant), "AppendPrefill");
     StartRead(&chunk_);
   }
 
@@ -308,24 +344,10 @@ class PrefillReactor final : public grpc::ServerReadReactor<v1::AppendRequest> {
 
  private:
   absl::Status AppendChunk() {
-    if (session_id_.empty()) {
-      if (chunk_.session_id().empty()) {
-        return absl::InvalidArgumentError(
-            "the first message of AppendPrefill must name session_id");
-      }
-      absl::StatusOr<SessionId> id =
-          service_->Authorize(tenant_, chunk_.session_id());
-      if (!id.ok()) return id.status();
-      session_id_ = chunk_.session_id();
-      id_ = *id;
-    } else if (!chunk_.session_id().empty() &&
-               chunk_.session_id() != session_id_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("AppendPrefill serves one session (", session_id_,
-                       "); a chunk named ", chunk_.session_id()));
-    }
+    absl::StatusOr<SessionId> id = binding_->Resolve(chunk_.session_id());
+    if (!id.ok()) return id.status();
     absl::StatusOr<StepResult> result =
-        service_->store().Append(id_, AppendFromProto(chunk_, layers_));
+        service_->store().Append(*id, AppendFromProto(chunk_, layers_));
     if (!result.ok()) return result.status();
     StepResultToProto(*result, resp_->add_chunks());
     return absl::OkStatus();
@@ -333,9 +355,7 @@ class PrefillReactor final : public grpc::ServerReadReactor<v1::AppendRequest> {
 
   KvKeepService* const service_;
   v1::AppendPrefillResponse* const resp_;
-  std::string tenant_;
-  std::string session_id_;
-  SessionId id_ = 0;
+  std::optional<StreamBinding> binding_;  // set once authenticated
   v1::AppendRequest chunk_;
   std::vector<LayerKv> layers_;
 };
@@ -352,7 +372,7 @@ class DecodeReactor final
       Finish(service_->Finish("Decode", tenant.status()));
       return;
     }
-    tenant_ = *std::move(tenant);
+    binding_.emplace(service_, *std::move(tenant), "Decode");
     StartRead(&step_);
   }
 
@@ -381,28 +401,14 @@ class DecodeReactor final
 
  private:
   absl::Status RunStep() {
-    if (session_id_.empty()) {
-      if (step_.session_id().empty()) {
-        return absl::InvalidArgumentError(
-            "the first message of a Decode stream must name session_id");
-      }
-      absl::StatusOr<SessionId> id =
-          service_->Authorize(tenant_, step_.session_id());
-      if (!id.ok()) return id.status();
-      session_id_ = step_.session_id();
-      id_ = *id;
-    } else if (!step_.session_id().empty() &&
-               step_.session_id() != session_id_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("a Decode stream serves one session (", session_id_,
-                       "); a step named ", step_.session_id()));
-    }
+    absl::StatusOr<SessionId> id = binding_->Resolve(step_.session_id());
+    if (!id.ok()) return id.status();
     absl::StatusOr<std::vector<LayerScores>> scores =
         ScoresFromProto(step_.scores());
     if (!scores.ok()) return scores.status();
     const AppendRequest append = AppendFromProto(step_.append(), layers_);
     absl::StatusOr<StepOutcome> outcome =
-        service_->store().Step(id_, append, *scores);
+        service_->store().Step(*id, append, *scores);
     if (!outcome.ok()) return outcome.status();
     if (step_.has_append()) {
       StepResultToProto(outcome->append, result_.mutable_append());
@@ -412,9 +418,7 @@ class DecodeReactor final
   }
 
   KvKeepService* const service_;
-  std::string tenant_;
-  std::string session_id_;
-  SessionId id_ = 0;
+  std::optional<StreamBinding> binding_;  // set once authenticated
   v1::DecodeStep step_;
   v1::DecodeStepResult result_;
   std::vector<LayerKv> layers_;
