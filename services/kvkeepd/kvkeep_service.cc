@@ -22,6 +22,13 @@ namespace {
 
 constexpr absl::string_view kBearer = "Bearer ";
 
+// Prefixes a status from the adapter's own checks with the session, as the
+// domain's messages are.
+absl::Status InSession(SessionId id, const absl::Status& s) {
+  return absl::Status(
+      s.code(), absl::StrCat("session ", SessionName(id), ": ", s.message()));
+}
+
 std::string Quote(absl::string_view s) { return absl::StrCat("\"", s, "\""); }
 
 }  // namespace
@@ -236,7 +243,7 @@ grpc::ServerUnaryReactor* KvKeepService::CompressPrompt(
     if (!id.ok()) return id.status();
     absl::StatusOr<std::vector<LayerScores>> window =
         ScoresFromProto(req->window());
-    if (!window.ok()) return window.status();
+    if (!window.ok()) return InSession(*id, window.status());
     absl::StatusOr<StepResult> result = store_->CompressPrompt(*id, *window);
     if (!result.ok()) return result.status();
     StepResultToProto(*result, resp);
@@ -405,7 +412,12 @@ class DecodeReactor final
     if (!id.ok()) return id.status();
     absl::StatusOr<std::vector<LayerScores>> scores =
         ScoresFromProto(step_.scores());
-    if (!scores.ok()) return scores.status();
+    if (!scores.ok()) return InSession(*id, scores.status());
+    if (step_.has_append() && step_.append().positions_size() == 0) {
+      return InSession(*id, absl::InvalidArgumentError(
+                                "the step's append has no tokens (leave "
+                                "append unset for a scores-only step)"));
+    }
     const AppendRequest append = AppendFromProto(step_.append(), layers_);
     absl::StatusOr<StepOutcome> outcome =
         service_->store().Step(*id, append, *scores);
