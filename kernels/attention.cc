@@ -69,6 +69,31 @@ void AccumulateRows4(const float* __restrict p0, const float* __restrict p1,
   mins[0] = m0, mins[1] = m1, mins[2] = m2, mins[3] = m3;
 }
 
+// dst[i] = element (first + i) of an array of `t`, as float32, for i < n.
+// The dtype is resolved once per row, so each loop is a plain conversion the
+// compiler can vectorise.
+void WidenRow(DType t, const void* base, int64_t first, int32_t n,
+              float* __restrict dst) {
+  switch (t) {
+    case DType::kF32: {
+      const float* src = static_cast<const float*>(base) + first;
+      for (int32_t i = 0; i < n; ++i) dst[i] = src[i];
+      return;
+    }
+    case DType::kBF16: {
+      const uint16_t* src = static_cast<const uint16_t*>(base) + first;
+#pragma omp simd
+      for (int32_t i = 0; i < n; ++i) dst[i] = Bf16ToFloat(src[i]);
+      return;
+    }
+    case DType::kF16: {
+      const uint16_t* src = static_cast<const uint16_t*>(base) + first;
+      for (int32_t i = 0; i < n; ++i) dst[i] = F16ToFloat(src[i]);
+      return;
+    }
+  }
+}
+
 // NaN-propagating fold of one (sum, min) into the check.
 inline void Fold(RowCheck& check, float sum, float mn) {
   // A NaN element makes the sum NaN; remember it in both fields.
@@ -161,10 +186,7 @@ void QueryAttention(const PagedKeys& keys, const float* queries,
           lay.key_offset(page, static_cast<int32_t>(s % lay.page_tokens));
       for (int32_t g = 0; g < lay.kv_heads; ++g) {
         if (visible) {
-          for (int32_t i = 0; i < d; ++i) {
-            key[i] =
-                LoadAsFloat(lay.dtype, k_base, static_cast<int64_t>(g) * d + i);
-          }
+          WidenRow(lay.dtype, k_base, static_cast<int64_t>(g) * d, d, key);
         }
         for (int32_t j = 0; j < group; ++j) {
           const int32_t h = g * group + j;
@@ -186,7 +208,8 @@ void QueryAttention(const PagedKeys& keys, const float* queries,
     for (int32_t h = 0; h < query_heads; ++h) {
       float* l = logits + static_cast<int64_t>(h) * n;
       float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t s = 0; s < n; ++s) mx = std::max(mx, l[s]);
+#pragma omp simd reduction(max : mx)
+      for (int64_t s = 0; s < n; ++s) mx = l[s] > mx ? l[s] : mx;
       if (mx == -std::numeric_limits<float>::infinity()) continue;
       float denom = 0.0f;
       for (int64_t s = 0; s < n; ++s) {

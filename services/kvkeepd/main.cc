@@ -4,6 +4,8 @@
 //
 // At startup it prints the bound gRPC address on one line and the metrics
 // address on the next, so scripts can find ephemeral ports (--listen ...:0).
+#include <malloc.h>
+
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -16,6 +18,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cache_store/cache_store.h"
@@ -215,6 +218,16 @@ int Main(int argc, char** argv) {
       "With no flags it serves its embedded default: one demo layout on a "
       "host-memory pool, on 127.0.0.1:50051.");
   absl::ParseCommandLine(argc, argv);
+
+  // Every decode step allocates and frees message buffers of up to a few
+  // MiB; above glibc's default mmap threshold each is a fresh mapping that
+  // the kernel must zero and fault in. Keep them in the heap instead (the
+  // end-to-end benchmark measured this; bench/README.md).
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  // Debian's Abseil checks every lock order at run time; the locking here is
+  // checked at compile time (clang -Wthread-safety) instead.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 
   // Signals go to the main thread only: block them before gRPC starts its
   // threads, which inherit the mask, and wait for them below.
