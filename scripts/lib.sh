@@ -29,6 +29,8 @@ kvkeep_build() {
   local dir="$1" target="$2"
   shift 2
   export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/kvkeep-ccache}"
+  # Paths relative to the checkout, so another clone (CI's) hits the cache.
+  export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
   cmake --build "$dir" --target "$target" --parallel "$(nproc)"
 }
