@@ -59,6 +59,14 @@ absl::StatusOr<std::string> KvKeepService::Authenticate(
   return tenant->second;
 }
 
+absl::StatusOr<SessionId> KvKeepService::CallerSession(
+    const grpc::CallbackServerContext& ctx,
+    const std::string& session_id) const {
+  absl::StatusOr<std::string> tenant = Authenticate(ctx);
+  if (!tenant.ok()) return tenant.status();
+  return Authorize(*tenant, session_id);
+}
+
 absl::StatusOr<SessionId> KvKeepService::Authorize(
     const std::string& tenant, const std::string& session_id) const {
   const std::optional<SessionId> id = ParseSessionName(session_id);
@@ -168,18 +176,16 @@ grpc::ServerUnaryReactor* KvKeepService::CloseSession(
     grpc::CallbackServerContext* ctx, const v1::CloseSessionRequest* req,
     v1::CloseSessionResponse* resp) {
   return Unary(ctx, "CloseSession", [&]() -> absl::Status {
-    absl::StatusOr<std::string> tenant = Authenticate(*ctx);
-    if (!tenant.ok()) return tenant.status();
-    absl::StatusOr<SessionId> id = Authorize(*tenant, req->session_id());
+    absl::StatusOr<SessionId> id = CallerSession(*ctx, req->session_id());
     if (!id.ok()) return id.status();
     absl::StatusOr<SessionStats> stats = store_->GetStats(*id);
     if (!stats.ok()) return stats.status();
     if (absl::Status s = store_->CloseSession(*id); !s.ok()) return s;
     resp->set_freed_pages(stats->pages);
-    LogEvent(
-        "session_close",
-        absl::StrCat("session=", req->session_id(), " tenant=", Quote(*tenant),
-                     " evicted_tokens=", stats->evicted_tokens));
+    LogEvent("session_close",
+             absl::StrCat("session=", req->session_id(),
+                          " tenant=", Quote(stats->tenant),
+                          " evicted_tokens=", stats->evicted_tokens));
     return absl::OkStatus();
   });
 }
@@ -188,9 +194,7 @@ grpc::ServerUnaryReactor* KvKeepService::GetSessionStats(
     grpc::CallbackServerContext* ctx, const v1::GetSessionStatsRequest* req,
     v1::SessionStats* resp) {
   return Unary(ctx, "GetSessionStats", [&]() -> absl::Status {
-    absl::StatusOr<std::string> tenant = Authenticate(*ctx);
-    if (!tenant.ok()) return tenant.status();
-    absl::StatusOr<SessionId> id = Authorize(*tenant, req->session_id());
+    absl::StatusOr<SessionId> id = CallerSession(*ctx, req->session_id());
     if (!id.ok()) return id.status();
     absl::StatusOr<SessionStats> stats = store_->GetStats(*id);
     if (!stats.ok()) return stats.status();
@@ -220,9 +224,7 @@ grpc::ServerUnaryReactor* KvKeepService::Append(
     grpc::CallbackServerContext* ctx, const v1::AppendRequest* req,
     v1::StepResult* resp) {
   return Unary(ctx, "Append", [&]() -> absl::Status {
-    absl::StatusOr<std::string> tenant = Authenticate(*ctx);
-    if (!tenant.ok()) return tenant.status();
-    absl::StatusOr<SessionId> id = Authorize(*tenant, req->session_id());
+    absl::StatusOr<SessionId> id = CallerSession(*ctx, req->session_id());
     if (!id.ok()) return id.status();
     std::vector<LayerKv> layers;
     absl::StatusOr<StepResult> result =
@@ -237,9 +239,7 @@ grpc::ServerUnaryReactor* KvKeepService::CompressPrompt(
     grpc::CallbackServerContext* ctx, const v1::CompressPromptRequest* req,
     v1::StepResult* resp) {
   return Unary(ctx, "CompressPrompt", [&]() -> absl::Status {
-    absl::StatusOr<std::string> tenant = Authenticate(*ctx);
-    if (!tenant.ok()) return tenant.status();
-    absl::StatusOr<SessionId> id = Authorize(*tenant, req->session_id());
+    absl::StatusOr<SessionId> id = CallerSession(*ctx, req->session_id());
     if (!id.ok()) return id.status();
     absl::StatusOr<std::vector<LayerScores>> window =
         ScoresFromProto(req->window());
@@ -255,9 +255,7 @@ grpc::ServerUnaryReactor* KvKeepService::GetBlockTables(
     grpc::CallbackServerContext* ctx, const v1::GetBlockTablesRequest* req,
     v1::GetBlockTablesResponse* resp) {
   return Unary(ctx, "GetBlockTables", [&]() -> absl::Status {
-    absl::StatusOr<std::string> tenant = Authenticate(*ctx);
-    if (!tenant.ok()) return tenant.status();
-    absl::StatusOr<SessionId> id = Authorize(*tenant, req->session_id());
+    absl::StatusOr<SessionId> id = CallerSession(*ctx, req->session_id());
     if (!id.ok()) return id.status();
     std::vector<int32_t> layers(req->layers().begin(), req->layers().end());
     if (layers.empty()) {
@@ -463,10 +461,8 @@ class ReadKvReactor final : public grpc::ServerWriteReactor<v1::KvChunk> {
  private:
   absl::Status Start(const grpc::CallbackServerContext& ctx,
                      const v1::ReadKvRequest& req) {
-    absl::StatusOr<std::string> tenant = service_->Authenticate(ctx);
-    if (!tenant.ok()) return tenant.status();
     absl::StatusOr<SessionId> id =
-        service_->Authorize(*tenant, req.session_id());
+        service_->CallerSession(ctx, req.session_id());
     if (!id.ok()) return id.status();
     id_ = *id;
     layers_.assign(req.layers().begin(), req.layers().end());

@@ -74,6 +74,10 @@ class KvKeepService final : public v1::KvKeep::CallbackService {
   // INVALID_ARGUMENT (malformed id), NOT_FOUND, PERMISSION_DENIED.
   absl::StatusOr<SessionId> Authorize(const std::string& tenant,
                                       const std::string& session_id) const;
+  // Authenticate, then Authorize: the session a unary call names.
+  absl::StatusOr<SessionId> CallerSession(
+      const grpc::CallbackServerContext& ctx,
+      const std::string& session_id) const;
   // Logs a failed call (when log_events) and maps its status.
   grpc::Status Finish(absl::string_view method, const absl::Status& status);
   void LogEvent(absl::string_view event, absl::string_view fields) const;
