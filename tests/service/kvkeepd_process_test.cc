@@ -593,6 +593,56 @@ TEST_F(KvkeepdProcessTest, TenantTokensAreRequiredWhenConfigured) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << Describe(s);
 }
 
+// --log_events: one structured line per session create and close and per
+// failed call, on stderr; without it (the default) those lines stay away.
+TEST_F(KvkeepdProcessTest, LogEventsWritesOneLinePerCreateCloseAndError) {
+  absl::StatusOr<Started> quiet = StartKvkeepd({});
+  ASSERT_TRUE(quiet.ok()) << quiet.status();
+  absl::StatusOr<Started> loud = StartKvkeepd({"--log_events"});
+  ASSERT_TRUE(loud.ok()) << loud.status();
+  std::string loud_session;
+  for (Started* kvkeepd : {&*quiet, &*loud}) {
+    // The stub (and its connection) goes before the signal: an open idle
+    // connection holds kvkeepd's exit for seconds (see the drain tests).
+    std::unique_ptr<v1::KvKeep::Stub> stub =
+        v1::KvKeep::NewStub(Channel(kvkeepd->address));
+    v1::CreateSessionResponse created;
+    grpc::Status s =
+        stub->CreateSession(Context().get(), H2OSession(8), &created);
+    ASSERT_TRUE(s.ok()) << Describe(s);
+    loud_session = created.session_id();
+    v1::CloseSessionRequest close;
+    close.set_session_id(created.session_id());
+    v1::CloseSessionResponse closed;
+    s = stub->CloseSession(Context().get(), close, &closed);
+    ASSERT_TRUE(s.ok()) << Describe(s);
+    s = stub->CloseSession(Context().get(), close, &closed);  // now unknown
+    ASSERT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << Describe(s);
+    stub.reset();
+    kvkeepd->child->Signal(SIGTERM);
+    ExpectCleanExit(*kvkeepd->child);
+  }
+  auto events = [](const Child& child) {
+    std::vector<std::string> lines;
+    for (const std::string& line : child.err().AllLines(kPatience)) {
+      if (line.find(" event=") != std::string::npos) lines.push_back(line);
+    }
+    return lines;
+  };
+  EXPECT_THAT(events(*quiet->child), ::testing::IsEmpty());
+  const std::vector<std::string> lines = events(*loud->child);
+  ASSERT_EQ(lines.size(), 3u) << loud->child->Output();
+  EXPECT_THAT(lines[0], ::testing::StartsWith("ts="));
+  EXPECT_THAT(lines[0], ::testing::HasSubstr("event=session_create session=" +
+                                             loud_session));
+  EXPECT_THAT(lines[0], ::testing::HasSubstr("policy=h2o"));
+  EXPECT_THAT(lines[1], ::testing::HasSubstr("event=session_close session=" +
+                                             loud_session));
+  EXPECT_THAT(lines[2], ::testing::HasSubstr(
+                            "event=error method=CloseSession code=NOT_FOUND"));
+  EXPECT_THAT(lines[2], ::testing::HasSubstr(loud_session));
+}
+
 // SIGTERM and SIGINT: the server stops taking calls but lets the open
 // Decode stream go on to its end, then exits 0 at once (well before its
 // drain deadline, which is set longer than kPatience so that waiting for the
