@@ -24,13 +24,14 @@ kvkeep_install_missing() {
     "${missing[@]}"
 }
 
-# kvkeep_build BUILD_DIR TARGET [extra cmake args...]  (TARGET "all" for all)
+# kvkeep_build BUILD_DIR "TARGET..." [extra cmake args...]  ("all" for all)
 kvkeep_build() {
-  local dir="$1" target="$2"
+  local dir="$1" targets="$2"
   shift 2
   export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/kvkeep-ccache}"
   # Paths relative to the checkout, so another clone (CI's) hits the cache.
   export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
-  cmake --build "$dir" --target "$target" --parallel "$(nproc)"
+  # shellcheck disable=SC2086  # one argument per target
+  cmake --build "$dir" --target $targets --parallel "$(nproc)"
 }
