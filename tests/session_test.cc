@@ -23,6 +23,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/dtype.h"
+#include "tests/token_data.h"
 
 namespace kvkeep {
 namespace {
@@ -71,37 +72,8 @@ ModelLayout MakeLayout(std::string name, int32_t layers, int32_t page_tokens,
   return l;
 }
 
-// A deterministic value in [-1, 1) for any tuple of integers (splitmix64).
-double Noise(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
-  uint64_t x = a * 0x9E3779B97F4A7C15ull + b * 0xBF58476D1CE4E5B9ull +
-               c * 0x94D049BB133111EBull + d * 0xD6E8FEB86659FD93ull + 1;
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 31;
-  return static_cast<double>(x >> 11) / static_cast<double>(1ull << 53) * 2.0 -
-         1.0;
-}
-
-// The bytes of the keys (or values) of `positions` in one layer: every element
-// depends on (layer, position, element, K or V), so a test can check that a
-// slot holds exactly the token it claims to.
-std::vector<std::byte> TokenBytes(const ModelLayout& l, int32_t layer,
-                                  std::span<const int64_t> positions,
-                                  bool values) {
-  const int64_t per_token = int64_t{l.kv_heads} * l.head_dim;
-  std::vector<std::byte> out(positions.size() * per_token *
-                             DTypeBytes(l.dtype));
-  for (size_t t = 0; t < positions.size(); ++t) {
-    for (int64_t e = 0; e < per_token; ++e) {
-      const float f = static_cast<float>(
-          Noise(layer, static_cast<uint64_t>(positions[t]), e, values ? 1 : 2));
-      StoreFromFloat(l.dtype, out.data(), t * per_token + e, f);
-    }
-  }
-  return out;
-}
+using ::kvkeep::test_data::Noise;
+using ::kvkeep::test_data::TokenBytes;
 
 // One store and the helpers the tests drive it with.
 class Harness {

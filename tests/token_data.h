@@ -1,0 +1,49 @@
+// Deterministic token data for store tests: every key and value element
+// depends on (layer, position, element, K or V), so a test can check that a
+// slot holds exactly the token it claims to. Header-only; thread-safe.
+#ifndef KVKEEP_TESTS_TOKEN_DATA_H_
+#define KVKEEP_TESTS_TOKEN_DATA_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "cache_store/model_layout.h"
+
+namespace kvkeep::test_data {
+
+// A deterministic value in [-1, 1) for any tuple of integers (splitmix64).
+inline double Noise(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
+  uint64_t x = a * 0x9E3779B97F4A7C15ull + b * 0xBF58476D1CE4E5B9ull +
+               c * 0x94D049BB133111EBull + d * 0xD6E8FEB86659FD93ull + 1;
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  return static_cast<double>(x >> 11) / static_cast<double>(1ull << 53) * 2.0 -
+         1.0;
+}
+
+// The keys (values = false) or values of `positions` in one layer, in the
+// layout's dtype: [n][kv_heads][head_dim].
+inline std::vector<std::byte> TokenBytes(const ModelLayout& l, int32_t layer,
+                                         std::span<const int64_t> positions,
+                                         bool values) {
+  const int64_t per_token = int64_t{l.kv_heads} * l.head_dim;
+  std::vector<std::byte> out(positions.size() * per_token *
+                             DTypeBytes(l.dtype));
+  for (size_t t = 0; t < positions.size(); ++t) {
+    for (int64_t e = 0; e < per_token; ++e) {
+      const float f = static_cast<float>(
+          Noise(layer, static_cast<uint64_t>(positions[t]), e, values ? 1 : 2));
+      StoreFromFloat(l.dtype, out.data(), t * per_token + e, f);
+    }
+  }
+  return out;
+}
+
+}  // namespace kvkeep::test_data
+
+#endif  // KVKEEP_TESTS_TOKEN_DATA_H_
