@@ -1,6 +1,7 @@
 #include "cache_store/cache_store.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -9,6 +10,20 @@
 #include "cache_store/policy_registry.h"
 
 namespace kvkeep {
+
+absl::string_view OperationName(StoreOperation op) {
+  switch (op) {
+    case StoreOperation::kAppend:
+      return "append";
+    case StoreOperation::kScores:
+      return "scores";
+    case StoreOperation::kStep:
+      return "step";
+    case StoreOperation::kCompress:
+      return "compress";
+  }
+  return "unknown";
+}
 
 absl::StatusOr<std::unique_ptr<CacheStore>> CacheStore::Create(
     const StoreOptions& options) {
@@ -82,12 +97,16 @@ absl::StatusOr<SessionId> CacheStore::CreateSession(const SessionSpec& spec) {
                       *std::move(budgets), tenant.quota);
   if (!session.ok()) return session.status();
   ++tenant.sessions;
-  auto entry = std::make_shared<Entry>(pool->layout.name, spec.tenant,
-                                       spec.idempotency_key);
+  auto entry = std::make_shared<Entry>(
+      SessionInfo{id, spec.tenant, pool->layout.name,
+                  std::string((*session)->policy().name())},
+      spec.idempotency_key);
   {
     absl::MutexLock entry_lock(&entry->mu);
     entry->session = *std::move(session);
   }
+  if (options_.observer != nullptr)
+    options_.observer->SessionOpened(entry->info);
   sessions_.emplace(id, std::move(entry));
   if (!spec.idempotency_key.empty()) {
     idempotency_.emplace(std::pair(spec.tenant, spec.idempotency_key), id);
@@ -107,8 +126,9 @@ absl::StatusOr<std::shared_ptr<CacheStore::Entry>> CacheStore::Find(
 }
 
 template <typename Fn>
-auto CacheStore::WithSession(SessionId id, Fn fn)
-    -> decltype(fn(std::declval<Session&>())) {
+auto CacheStore::WithEntry(SessionId id, Fn fn)
+    -> decltype(fn(std::declval<const SessionInfo&>(),
+                   std::declval<Session&>())) {
   absl::StatusOr<std::shared_ptr<Entry>> entry = Find(id);
   if (!entry.ok()) return entry.status();
   absl::MutexLock lock(&(*entry)->mu);
@@ -117,7 +137,39 @@ auto CacheStore::WithSession(SessionId id, Fn fn)
     return absl::NotFoundError(
         absl::StrCat("session ", SessionName(id), " not found"));
   }
-  return fn(*(*entry)->session);
+  return fn((*entry)->info, *(*entry)->session);
+}
+
+template <typename Fn>
+auto CacheStore::WithSession(SessionId id, Fn fn)
+    -> decltype(fn(std::declval<Session&>())) {
+  return WithEntry(id, [&](const SessionInfo&, Session& s) { return fn(s); });
+}
+
+template <typename Fn>
+auto CacheStore::Work(SessionId id, StoreOperation op, Fn fn)
+    -> decltype(fn(std::declval<Session&>())) {
+  if (options_.observer == nullptr) return WithSession(id, fn);
+  return WithEntry(id, [&](const SessionInfo& info, Session& session) {
+    const SessionWork before = session.work();
+    const auto start = std::chrono::steady_clock::now();
+    auto result = fn(session);
+    if (!result.ok()) return result;
+    const auto end = std::chrono::steady_clock::now();
+    const SessionWork& after = session.work();
+    WorkReport report;
+    report.session = &info;
+    report.operation = op;
+    report.duration = absl::FromChrono(end - start);
+    report.work.evicted_tokens = after.evicted_tokens - before.evicted_tokens;
+    report.work.evicted_score = after.evicted_score - before.evicted_score;
+    report.work.score_updates = after.score_updates - before.score_updates;
+    report.work.evictions = after.evictions - before.evictions;
+    report.work.scoring_time = after.scoring_time - before.scoring_time;
+    report.work.eviction_time = after.eviction_time - before.eviction_time;
+    options_.observer->WorkDone(report);
+    return result;
+  });
 }
 
 absl::Status CacheStore::CloseSession(SessionId id) {
@@ -131,9 +183,12 @@ absl::Status CacheStore::CloseSession(SessionId id) {
     }
     entry = std::move(it->second);
     sessions_.erase(it);
-    --tenants_[entry->tenant].sessions;
+    --tenants_[entry->info.tenant].sessions;
     if (!entry->idempotency_key.empty()) {
-      idempotency_.erase(std::pair(entry->tenant, entry->idempotency_key));
+      idempotency_.erase(std::pair(entry->info.tenant, entry->idempotency_key));
+    }
+    if (options_.observer != nullptr) {
+      options_.observer->SessionClosed(entry->info);
     }
   }
   absl::MutexLock lock(&entry->mu);  // waits for a call in flight
@@ -143,23 +198,27 @@ absl::Status CacheStore::CloseSession(SessionId id) {
 
 absl::StatusOr<StepResult> CacheStore::Append(SessionId id,
                                               const AppendRequest& request) {
-  return WithSession(id, [&](Session& s) { return s.Append(request); });
+  return Work(id, StoreOperation::kAppend,
+              [&](Session& s) { return s.Append(request); });
 }
 
 absl::StatusOr<StepResult> CacheStore::UpdateScores(
     SessionId id, std::span<const LayerScores> scores) {
-  return WithSession(id, [&](Session& s) { return s.UpdateScores(scores); });
+  return Work(id, StoreOperation::kScores,
+              [&](Session& s) { return s.UpdateScores(scores); });
 }
 
 absl::StatusOr<StepOutcome> CacheStore::Step(
     SessionId id, const AppendRequest& append,
     std::span<const LayerScores> scores) {
-  return WithSession(id, [&](Session& s) { return s.Step(append, scores); });
+  return Work(id, StoreOperation::kStep,
+              [&](Session& s) { return s.Step(append, scores); });
 }
 
 absl::StatusOr<StepResult> CacheStore::CompressPrompt(
     SessionId id, std::span<const LayerScores> window) {
-  return WithSession(id, [&](Session& s) { return s.CompressPrompt(window); });
+  return Work(id, StoreOperation::kCompress,
+              [&](Session& s) { return s.CompressPrompt(window); });
 }
 
 absl::StatusOr<BlockTable> CacheStore::GetBlockTable(SessionId id,
@@ -184,7 +243,7 @@ absl::StatusOr<SessionStats> CacheStore::GetStats(SessionId id) {
 absl::StatusOr<std::string> CacheStore::TenantOf(SessionId id) const {
   absl::StatusOr<std::shared_ptr<Entry>> entry = Find(id);
   if (!entry.ok()) return entry.status();
-  return (*entry)->tenant;
+  return (*entry)->info.tenant;
 }
 
 std::vector<SessionInfo> CacheStore::Sessions() const {
@@ -193,7 +252,7 @@ std::vector<SessionInfo> CacheStore::Sessions() const {
     absl::MutexLock lock(&mu_);
     out.reserve(sessions_.size());
     for (const auto& [id, entry] : sessions_) {
-      out.push_back(SessionInfo{id, entry->tenant, entry->layout});
+      out.push_back(entry->info);
     }
   }
   std::sort(
@@ -233,7 +292,7 @@ std::vector<LayoutStats> CacheStore::Layouts() const {
   absl::MutexLock lock(&mu_);
   for (const auto& [id, entry] : sessions_) {
     for (LayoutStats& s : out) {
-      if (s.layout.name == entry->layout) ++s.sessions;
+      if (s.layout.name == entry->info.layout) ++s.sessions;
     }
   }
   return out;

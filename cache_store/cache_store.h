@@ -23,6 +23,7 @@
 #include "cache_store/page_quota.h"
 #include "cache_store/session.h"
 #include "cache_store/session_types.h"
+#include "cache_store/store_observer.h"
 
 namespace kvkeep {
 
@@ -36,13 +37,9 @@ struct StoreOptions {
   int64_t max_sessions = 1 << 16;
   int64_t max_sessions_per_tenant = 0;  // 0: no limit
   int64_t max_bytes_per_tenant = 0;     // pages held, in bytes; 0: no limit
-};
-
-// A session's identity as the store lists it.
-struct SessionInfo {
-  SessionId id = 0;
-  std::string tenant;
-  std::string layout;
+  // Told about sessions and their work (see StoreObserver); not owned, must
+  // outlive the store. Null: nobody is told.
+  StoreObserver* observer = nullptr;
 };
 
 struct TenantStats {
@@ -98,14 +95,11 @@ class CacheStore {
 
  private:
   struct Entry {
-    Entry(std::string layout_name, std::string tenant_name,
-          std::string idempotency)
-        : layout(std::move(layout_name)),
-          tenant(std::move(tenant_name)),
+    Entry(SessionInfo session_info, std::string idempotency)
+        : info(std::move(session_info)),
           idempotency_key(std::move(idempotency)) {}
     // Immutable: read without the lock.
-    const std::string layout;
-    const std::string tenant;
+    const SessionInfo info;
     const std::string idempotency_key;
     absl::Mutex mu;
     std::unique_ptr<Session> session ABSL_GUARDED_BY(mu);
@@ -122,9 +116,19 @@ class CacheStore {
 
   explicit CacheStore(const StoreOptions& options) : options_(options) {}
   absl::StatusOr<std::shared_ptr<Entry>> Find(SessionId id) const;
+  // Runs fn(const SessionInfo&, Session&) under the session's lock.
+  template <typename Fn>
+  auto WithEntry(SessionId id, Fn fn)
+      -> decltype(fn(std::declval<const SessionInfo&>(),
+                     std::declval<Session&>()));
   // Runs fn(Session&) under the session's lock.
   template <typename Fn>
   auto WithSession(SessionId id, Fn fn)
+      -> decltype(fn(std::declval<Session&>()));
+  // WithSession for an operation that can change the session's tokens:
+  // reports its work to the observer when it succeeds.
+  template <typename Fn>
+  auto Work(SessionId id, StoreOperation op, Fn fn)
       -> decltype(fn(std::declval<Session&>()));
 
   const StoreOptions options_;

@@ -1,6 +1,7 @@
 #include "cache_store/session.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -27,6 +28,22 @@ struct AttentionScratch {
   std::vector<float> logits;
   std::vector<uint8_t> seen;  // per layer: named in this call
 };
+// Adds the time of its scope to *total (a monotonic clock).
+class ScopedTimer {
+ public:
+  explicit ScopedTimer(absl::Duration* total)
+      : total_(total), start_(std::chrono::steady_clock::now()) {}
+  ~ScopedTimer() {
+    *total_ += absl::FromChrono(std::chrono::steady_clock::now() - start_);
+  }
+  ScopedTimer(const ScopedTimer&) = delete;
+  ScopedTimer& operator=(const ScopedTimer&) = delete;
+
+ private:
+  absl::Duration* const total_;
+  const std::chrono::steady_clock::time_point start_;
+};
+
 AttentionScratch& ThreadScratch() {
   thread_local AttentionScratch scratch;
   return scratch;
@@ -154,6 +171,7 @@ StepResult Session::EmptyResult() const {
 void Session::Evict(Layer& layer, int64_t count, int64_t appended_view,
                     int64_t incoming, LayerChange& change) {
   if (count <= 0) return;
+  const ScopedTimer timer(&work_.eviction_time);
   victims_.clear();
   LayerTokens tokens = Tokens(layer);
   tokens.appended = appended_view;
@@ -164,9 +182,10 @@ void Session::Evict(Layer& layer, int64_t count, int64_t appended_view,
 
   for (int32_t v : victims_) {
     change.evicted_positions.push_back(layer.position[v]);
-    evicted_score_ += layer.score[v];
+    work_.evicted_score += layer.score[v];
   }
-  evicted_tokens_ += static_cast<int64_t>(victims_.size());
+  work_.evicted_tokens += static_cast<int64_t>(victims_.size());
+  ++work_.evictions;
 
   const std::vector<SlotMove> moves =
       PlanCompaction(victims_, old_size, evicted_flags_);
@@ -332,7 +351,7 @@ absl::StatusOr<StepResult> Session::ApplyAppend(const AppendRequest& request) {
       layer.arrival.push_back(arrival);
       ++slot;
     }
-    evicted_tokens_ += plan.drop;
+    work_.evicted_tokens += plan.drop;
     layer.score.resize(size);
     if (policy_->uses_history()) layer.history.resize(size);
     policy_->OnAppend(Tokens(layer), first);
@@ -363,6 +382,7 @@ absl::Status Session::PrepareAttention(std::span<const LayerScores> scores,
                                        int64_t growth,
                                        std::vector<float>& rows_out,
                                        std::vector<const float*>& rows) {
+  const ScopedTimer timer(&work_.scoring_time);
   // Shapes, versions and duplicates first: they are cheap and fail fast.
   std::vector<uint8_t>& seen = ThreadScratch().seen;
   seen.assign(layers_.size(), 0);
@@ -482,6 +502,7 @@ absl::Status Session::PrepareAttention(std::span<const LayerScores> scores,
 
 void Session::FinishAttention(std::span<const LayerScores> scores,
                               std::vector<const float*>& rows) {
+  const ScopedTimer timer(&work_.scoring_time);
   for (size_t i = 0; i < scores.size(); ++i) {
     const LayerScores& in = scores[i];
     if (in.source != ScoreSource::kQueries) continue;
@@ -508,8 +529,11 @@ StepResult Session::ApplyAttention(std::span<const LayerScores> scores,
     Layer& layer = layers_[scores[i].layer];
     const StepAttention step{rows[i], scores[i].rows, layer.size(),
                              layout_.query_heads};
-    policy_->Observe(Tokens(layer), step);
-    ++score_updates_;
+    {
+      const ScopedTimer timer(&work_.scoring_time);
+      policy_->Observe(Tokens(layer), step);
+    }
+    ++work_.score_updates;
     const int64_t excess =
         compress ? std::max<int64_t>(0, layer.size() - layer.budget)
                  : Excess(layer);
@@ -663,9 +687,9 @@ SessionStats Session::stats() const {
     s.layer_version.push_back(layer.version);
   }
   s.bytes = s.pages * page_layout_.page_bytes();
-  s.evicted_tokens = evicted_tokens_;
-  s.evicted_score = evicted_score_;
-  s.score_updates = score_updates_;
+  s.evicted_tokens = work_.evicted_tokens;
+  s.evicted_score = work_.evicted_score;
+  s.score_updates = work_.score_updates;
   s.compressed = compressed_;
   return s;
 }

@@ -22,6 +22,7 @@
 #include "cache_store/page_quota.h"
 #include "cache_store/policy_registry.h"
 #include "cache_store/session_types.h"
+#include "cache_store/store_observer.h"
 
 namespace kvkeep {
 
@@ -69,6 +70,8 @@ class Session {
   absl::StatusOr<BlockTable> GetBlockTable(int32_t layer) const;
   absl::StatusOr<LayerKvCopy> ReadLayer(int32_t layer) const;
   SessionStats stats() const;
+  // What the session has done since it was created (for monitoring).
+  const SessionWork& work() const { return work_; }
 
   SessionId id() const { return id_; }
   const ModelLayout& layout() const { return layout_; }
@@ -137,9 +140,7 @@ class Session {
   const std::shared_ptr<PageQuota> quota_;  // may be null
   std::vector<Layer> layers_;
   int64_t last_position_ = -1;
-  int64_t evicted_tokens_ = 0;
-  double evicted_score_ = 0;
-  int64_t score_updates_ = 0;
+  SessionWork work_;
   bool compressed_ = false;
   // Reused per call to avoid allocating on the hot path.
   std::vector<RankedItem> select_scratch_;
