@@ -7,6 +7,7 @@ KVKEEP_PACKAGES=(
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   python3-grpcio openssl
+  prometheus-cpp-dev prometheus python3-yaml
 )
 
 kvkeep_install_missing() {

@@ -2,8 +2,9 @@
 // (embedded default, then --config, then flags), serves kvkeep.v1.KvKeep,
 // grpc.health.v1.Health and server reflection, and drains on SIGTERM/SIGINT.
 //
-// At startup it prints the bound gRPC address on one line and the metrics
-// address on the next, so scripts can find ephemeral ports (--listen ...:0).
+// It also serves Prometheus metrics over HTTP (docs/metrics.md). At startup
+// it prints the bound gRPC address on one line and the bound metrics URL on
+// the next, so scripts can find ephemeral ports (--listen ...:0).
 #include <malloc.h>
 
 #include <csignal>
@@ -16,12 +17,15 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cache_store/cache_store.h"
+#include "cache_store/policy_registry.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
@@ -29,6 +33,9 @@
 #include "grpcpp/server_builder.h"
 #include "services/kvkeepd/kvkeep_service.h"
 #include "services/kvkeepd/server_config.h"
+#include "services/metrics/metrics_server.h"
+#include "services/metrics/rpc_metrics.h"
+#include "services/metrics/store_metrics.h"
 
 // Flags override the config file; each one's "unset" value (empty, -1)
 // leaves the file's (or the embedded default's) setting alone.
@@ -37,6 +44,11 @@ ABSL_FLAG(std::string, listen, "",
           "gRPC address (default 127.0.0.1:50051); port 0 picks a free one");
 ABSL_FLAG(std::string, metrics_listen, "",
           "Prometheus metrics address (default 127.0.0.1:9464)");
+ABSL_FLAG(int64_t, metrics_session_series, -1,
+          "sessions with per-session metric series, at most (1000)");
+ABSL_FLAG(std::string, tenants_file, "",
+          "JSON file of tenants and their tokens, [{\"name\", \"token\"}] "
+          "(e.g. mounted from a Kubernetes Secret); replaces config tenants");
 ABSL_FLAG(int64_t, pool_pages, -1,
           "pages in the pool of each layout (default: from the config; 4096 "
           "for the embedded demo layout)");
@@ -92,6 +104,8 @@ absl::StatusOr<ServerConfig> LoadConfig() {
   };
   set_string(FLAGS_listen, config.listen);
   set_string(FLAGS_metrics_listen, config.metrics_listen);
+  set_int(FLAGS_metrics_session_series, config.metrics_session_series);
+  set_string(FLAGS_tenants_file, config.tenants_file);
   if (int64_t pages = absl::GetFlag(FLAGS_pool_pages); pages >= 0) {
     for (PoolSpec& p : config.pools) p.capacity_pages = pages;
   }
@@ -109,6 +123,19 @@ absl::StatusOr<ServerConfig> LoadConfig() {
     config.drain_seconds = d;
   }
   if (absl::GetFlag(FLAGS_log_events)) config.log_events = true;
+  if (!config.tenants_file.empty()) {
+    absl::StatusOr<std::string> text = ReadFile(config.tenants_file);
+    if (!text.ok()) return text.status();
+    if (absl::Status s = ApplyTenantsJson(*text, config); !s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat(config.tenants_file, ": ", s.message()));
+    }
+  }
+  // A typo in the default policy fails start-up, not the first session.
+  if (absl::StatusOr<PolicyPtr> p = NewPolicy(config.default_policy); !p.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("default_policy: ", p.status().message()));
+  }
   if (config.max_message_bytes < 4096 || config.max_message_bytes > (1 << 30)) {
     return absl::InvalidArgumentError(
         "max_message_bytes must be in [4096, 2^30]");
@@ -217,6 +244,13 @@ int Main(int argc, char** argv) {
       "kvkeepd: the kvkeep KV-cache store daemon.\n"
       "With no flags it serves its embedded default: one demo layout on a "
       "host-memory pool, on 127.0.0.1:50051.");
+  // --help lists the flags defined in this file (absl's default looks for a
+  // file named after the binary).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::StrContains(file, "kvkeepd/main.cc");
+  };
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
 
   // Every decode step allocates and frees message buffers of up to a few
@@ -242,7 +276,13 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "kvkeepd: %s\n", config.status().ToString().c_str());
     return 2;
   }
+  // Metrics exist before the store, which reports to them from its first
+  // session on (the self-check included).
+  auto registry = std::make_shared<prometheus::Registry>();
+  StoreMetrics metrics(*registry, config->metrics_session_series,
+                       KVKEEP_VERSION);
   StoreOptions store_options;
+  store_options.observer = &metrics;
   store_options.pools = config->pools;
   store_options.max_sessions = config->max_sessions;
   store_options.max_sessions_per_tenant = config->max_sessions_per_tenant;
@@ -296,18 +336,36 @@ int Main(int argc, char** argv) {
   builder.SetMaxReceiveMessageSize(static_cast<int>(config->max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(config->max_message_bytes));
   builder.RegisterService(&service);
+  std::vector<
+      std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+      interceptors;
+  std::vector<std::string> methods = MethodsOf({"kvkeep.v1.KvKeep"});
+  for (const char* m :
+       {"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch",
+        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"}) {
+    methods.push_back(m);
+  }
+  interceptors.push_back(NewRpcMetricsFactory(*registry, std::move(methods)));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     std::fprintf(stderr, "kvkeepd: cannot listen on %s\n",
                  config->listen.c_str());
     return 1;
   }
+  auto collector = std::make_shared<StoreCollector>(**store, metrics);
+  absl::StatusOr<std::unique_ptr<MetricsServer>> metrics_server =
+      MetricsServer::Start(config->metrics_listen, {registry, collector});
+  if (!metrics_server.ok()) {
+    std::fprintf(stderr, "kvkeepd: %s\n",
+                 metrics_server.status().ToString().c_str());
+    server->Shutdown();
+    return 1;
+  }
   std::printf("kvkeepd: grpc listening on %s\n",
               BoundAddress(config->listen, port).c_str());
-  std::printf(
-      "kvkeepd: metrics address %s (not served yet: Prometheus metrics are "
-      "the observability milestone)\n",
-      config->metrics_listen.c_str());
+  std::printf("kvkeepd: metrics on http://%s/metrics\n",
+              (*metrics_server)->address().c_str());
   std::printf("kvkeepd: ready; SIGTERM or Ctrl-C drains and stops\n");
   std::fflush(stdout);
 
@@ -325,6 +383,7 @@ int Main(int argc, char** argv) {
       absl::ToChronoTime(absl::Now() + absl::Seconds(config->drain_seconds)));
   server->Wait();
   server.reset();
+  metrics_server->reset();  // it reads the store
   store->reset();
   std::printf("kvkeepd: stopped\n");
   return 0;

@@ -93,7 +93,53 @@ absl::StatusOr<PoolSpec> ParseLayout(const Json& j, int index) {
   return spec;
 }
 
+absl::StatusOr<std::vector<TenantToken>> ParseTenants(const Json& j) {
+  if (!j.is_array()) {
+    return absl::InvalidArgumentError("config: tenants must be an array");
+  }
+  std::vector<TenantToken> tenants;
+  int index = 0;
+  for (const Json& t : j) {
+    const std::string where = absl::StrCat("tenants[", index++, "]");
+    KVKEEP_RETURN_IF_ERROR(CheckKeys(t, where, {"name", "token"}));
+    TenantToken tenant;
+    KVKEEP_RETURN_IF_ERROR(Read(t, "name", where, tenant.tenant));
+    KVKEEP_RETURN_IF_ERROR(Read(t, "token", where, tenant.token));
+    if (tenant.tenant.empty() || tenant.token.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config: ", where, " needs a name and a token"));
+    }
+    for (const TenantToken& other : tenants) {
+      if (other.token == tenant.token) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("config: ", where, " reuses the token of tenant '",
+                         other.tenant, "'"));
+      }
+    }
+    tenants.push_back(std::move(tenant));
+  }
+  return tenants;
+}
+
+absl::StatusOr<Json> ParseJson(absl::string_view text, absl::string_view what) {
+  try {
+    return Json::parse(text.begin(), text.end());
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": not valid JSON: ", e.what()));
+  }
+}
+
 }  // namespace
+
+absl::Status ApplyTenantsJson(absl::string_view text, ServerConfig& config) {
+  absl::StatusOr<Json> j = ParseJson(text, "tenants file");
+  if (!j.ok()) return j.status();
+  absl::StatusOr<std::vector<TenantToken>> tenants = ParseTenants(*j);
+  if (!tenants.ok()) return tenants.status();
+  config.tenants = *std::move(tenants);
+  return absl::OkStatus();
+}
 
 ServerConfig DefaultConfig() {
   ServerConfig config;
@@ -102,17 +148,22 @@ ServerConfig DefaultConfig() {
 }
 
 absl::Status ApplyConfigJson(absl::string_view text, ServerConfig& config) {
-  Json j;
-  try {
-    j = Json::parse(text.begin(), text.end());
-  } catch (const Json::exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config: not valid JSON: ", e.what()));
-  }
+  absl::StatusOr<Json> parsed = ParseJson(text, "config");
+  if (!parsed.ok()) return parsed.status();
+  const Json& j = *parsed;
   KVKEEP_RETURN_IF_ERROR(
       CheckKeys(j, "the config",
-                {"listen", "metrics_listen", "layouts", "default_policy",
-                 "limits", "tenants", "tls", "drain_seconds", "log_events"}));
+                {"listen", "metrics_listen", "metrics_session_series",
+                 "layouts", "default_policy", "limits", "tenants",
+                 "tenants_file", "tls", "drain_seconds", "log_events"}));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "metrics_session_series", "config",
+                              config.metrics_session_series));
+  if (config.metrics_session_series < 0) {
+    return absl::InvalidArgumentError(
+        "config: metrics_session_series must be >= 0");
+  }
+  KVKEEP_RETURN_IF_ERROR(
+      Read(j, "tenants_file", "config", config.tenants_file));
   KVKEEP_RETURN_IF_ERROR(Read(j, "listen", "config", config.listen));
   KVKEEP_RETURN_IF_ERROR(
       Read(j, "metrics_listen", "config", config.metrics_listen));
@@ -155,23 +206,9 @@ absl::Status ApplyConfigJson(absl::string_view text, ServerConfig& config) {
                                 config.max_bytes_per_tenant));
   }
   if (auto it = j.find("tenants"); it != j.end()) {
-    if (!it->is_array()) {
-      return absl::InvalidArgumentError("config: tenants must be an array");
-    }
-    config.tenants.clear();
-    int index = 0;
-    for (const Json& t : *it) {
-      const std::string where = absl::StrCat("tenants[", index++, "]");
-      KVKEEP_RETURN_IF_ERROR(CheckKeys(t, where, {"name", "token"}));
-      TenantToken tenant;
-      KVKEEP_RETURN_IF_ERROR(Read(t, "name", where, tenant.tenant));
-      KVKEEP_RETURN_IF_ERROR(Read(t, "token", where, tenant.token));
-      if (tenant.tenant.empty() || tenant.token.empty()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("config: ", where, " needs a name and a token"));
-      }
-      config.tenants.push_back(std::move(tenant));
-    }
+    absl::StatusOr<std::vector<TenantToken>> tenants = ParseTenants(*it);
+    if (!tenants.ok()) return tenants.status();
+    config.tenants = *std::move(tenants);
   }
   if (auto it = j.find("tls"); it != j.end()) {
     KVKEEP_RETURN_IF_ERROR(

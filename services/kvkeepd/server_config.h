@@ -35,6 +35,12 @@ struct ServerConfig {
   int64_t max_sessions_per_tenant = 0;  // 0: no limit
   int64_t max_bytes_per_tenant = 0;     // 0: no limit
   std::vector<TenantToken> tenants;     // empty: no authentication
+  // A JSON file holding the tenants ([{"name", "token"}], e.g. mounted from a
+  // Kubernetes Secret); when set, its tenants replace `tenants`.
+  std::string tenants_file;
+  // Sessions that get per-session metric series, at most (the first ones
+  // opened; the rest are counted in the totals).
+  int64_t metrics_session_series = 1000;
   TlsConfig tls;
   double drain_seconds = 10;  // graceful shutdown deadline
   bool log_events = false;    // one line per session create/close and error
@@ -49,6 +55,10 @@ ServerConfig DefaultConfig();
 // and bad values are INVALID_ARGUMENT naming the key. A document with
 // "layouts" replaces the default layouts.
 absl::Status ApplyConfigJson(absl::string_view json, ServerConfig& config);
+
+// Replaces config.tenants with a tenants file's list. INVALID_ARGUMENT for
+// bad JSON, a tenant without a name or token, or a token used twice.
+absl::Status ApplyTenantsJson(absl::string_view json, ServerConfig& config);
 
 }  // namespace kvkeep
 

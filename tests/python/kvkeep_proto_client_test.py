@@ -97,6 +97,7 @@ def _start_server(config_path):
     cmd = [
         ARGS.kvkeepd,
         "--listen=127.0.0.1:0",
+        "--metrics_listen=127.0.0.1:0",
         "--self_check=false",
         "--drain_seconds=2",
         "--config=" + config_path,

@@ -1350,8 +1350,9 @@ TEST(CliTest, CommandsAgainstKvkeepd) {
   ASSERT_EQ(access(KvkeepBinary().c_str(), X_OK), 0)
       << KvkeepBinary() << " is missing: build the kvkeep_cli target";
   Daemon daemon;
-  ASSERT_TRUE(daemon.Start(
-      {"--listen=127.0.0.1:0", "--self_check=false", "--pool_pages=256"}));
+  ASSERT_TRUE(
+      daemon.Start({"--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
+                    "--self_check=false", "--pool_pages=256"}));
   const std::string server = absl::StrCat("--server=", daemon.address());
 
   CliRun info = RunCli(server + " --json info");
@@ -1463,8 +1464,9 @@ TEST(CliTest, TokensReachTheServer) {
     f << R"({"tenants": [{"name": "alice", "token": "secret-a"}]})";
   }
   Daemon daemon;
-  ASSERT_TRUE(daemon.Start({"--listen=127.0.0.1:0", "--self_check=false",
-                            "--pool_pages=64", "--config=" + config}));
+  ASSERT_TRUE(daemon.Start(
+      {"--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
+       "--self_check=false", "--pool_pages=64", "--config=" + config}));
   const std::string server = absl::StrCat("--server=", daemon.address());
   CliRun none = RunCli(server + " --json info");
   EXPECT_EQ(none.exit_code, 1);

@@ -35,6 +35,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -46,16 +47,21 @@
 #include "grpcpp/support/channel_arguments.h"
 #include "gtest/gtest.h"
 #include "kvkeep/v1/kvkeep.grpc.pb.h"
+#include "tests/service/child_process.h"
+#include "tests/service/metrics_testing.h"
 
 namespace kvkeep {
 namespace {
+
+using child_process::Child;
+using child_process::DescribeWaitStatus;
 
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
 constexpr absl::string_view kListenPrefix = "kvkeepd: grpc listening on ";
-constexpr absl::string_view kMetricsPrefix = "kvkeepd: metrics address ";
+constexpr absl::string_view kMetricsPrefix = "kvkeepd: metrics on http://";
 // A hang guard, not a time limit on the behaviour under test: a correct run
 // needs a small fraction of it, also under ASan on two cores.
 constexpr absl::Duration kPatience = absl::Seconds(120);
@@ -73,193 +79,6 @@ constexpr absl::string_view kLayoutJson =
 // (each preceded by a comma).
 std::string ConfigJson(absl::string_view extra = "") {
   return absl::StrCat(R"({"layouts": [)", kLayoutJson, "]", extra, "}");
-}
-
-// Collects the lines one pipe delivers, on its own thread, until EOF.
-// Thread-safe.
-class LineCollector {
- public:
-  // Takes ownership of `fd`, the read end of the pipe.
-  explicit LineCollector(int fd) : fd_(fd), thread_([this] { Run(); }) {}
-  // Joins the reader: every writer of the pipe must have exited by then.
-  ~LineCollector() {
-    thread_.join();
-    close(fd_);
-  }
-  LineCollector(const LineCollector&) = delete;
-  LineCollector& operator=(const LineCollector&) = delete;
-
-  // The first line starting with `prefix`, waiting for it up to `timeout`;
-  // nullopt if the pipe closed (the process exited) or time ran out.
-  std::optional<std::string> WaitFor(absl::string_view prefix,
-                                     absl::Duration timeout) const {
-    absl::MutexLock lock(&mu_);
-    std::optional<std::string> found;
-    auto ready = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      for (const std::string& line : lines_) {
-        if (absl::StartsWith(line, prefix)) {
-          found = line;
-          return true;
-        }
-      }
-      return eof_;
-    };
-    mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
-    return found;
-  }
-
-  // Waits for EOF (up to `timeout`) and returns every line.
-  std::vector<std::string> AllLines(absl::Duration timeout) const {
-    absl::MutexLock lock(&mu_);
-    mu_.AwaitWithTimeout(absl::Condition(&eof_), timeout);
-    return lines_;
-  }
-
-  // What arrived so far, for failure messages.
-  std::string Text() const {
-    absl::MutexLock lock(&mu_);
-    return absl::StrJoin(lines_, "\n");
-  }
-
- private:
-  void Run() {
-    std::string partial;
-    char buffer[4096];
-    while (true) {
-      const ssize_t n = read(fd_, buffer, sizeof(buffer));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
-      partial.append(buffer, static_cast<size_t>(n));
-      size_t newline;
-      while ((newline = partial.find('\n')) != std::string::npos) {
-        absl::MutexLock lock(&mu_);
-        lines_.push_back(partial.substr(0, newline));
-        partial.erase(0, newline + 1);
-      }
-    }
-    absl::MutexLock lock(&mu_);
-    if (!partial.empty()) lines_.push_back(partial);
-    eof_ = true;
-  }
-
-  const int fd_;
-  mutable absl::Mutex mu_;
-  std::vector<std::string> lines_ ABSL_GUARDED_BY(mu_);
-  bool eof_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;  // last: starts once the members above exist
-};
-
-// A child process with its stdout and stderr collected. Destruction SIGKILLs
-// it if it still runs and reaps it. Not thread-safe.
-class Child {
- public:
-  // Starts argv[0] (a path) with `argv`; stdin is /dev/null. The child
-  // starts with default SIGINT/SIGTERM handling and no blocked signals,
-  // whatever this process has, and gets SIGKILL if this thread dies.
-  static absl::StatusOr<std::unique_ptr<Child>> Spawn(
-      const std::vector<std::string>& argv) {
-    int out[2];
-    int err[2];
-    if (pipe2(out, O_CLOEXEC) != 0) return absl::ErrnoToStatus(errno, "pipe");
-    if (pipe2(err, O_CLOEXEC) != 0) {
-      const int e = errno;
-      close(out[0]);
-      close(out[1]);
-      return absl::ErrnoToStatus(e, "pipe");
-    }
-    // Everything the child needs is built before fork: between fork and
-    // exec only async-signal-safe calls (this process has gRPC threads).
-    std::vector<char*> args;
-    for (const std::string& a : argv) {
-      args.push_back(const_cast<char*>(a.c_str()));
-    }
-    args.push_back(nullptr);
-    const pid_t parent = getpid();
-    const pid_t pid = fork();
-    if (pid < 0) {
-      const int e = errno;
-      for (int fd : {out[0], out[1], err[0], err[1]}) close(fd);
-      return absl::ErrnoToStatus(e, "fork");
-    }
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(126);
-      const int devnull = open("/dev/null", O_RDONLY);
-      if (devnull < 0 || dup2(devnull, 0) < 0 || dup2(out[1], 1) < 0 ||
-          dup2(err[1], 2) < 0) {
-        _exit(126);
-      }
-      sigset_t none;
-      sigemptyset(&none);
-      sigprocmask(SIG_SETMASK, &none, nullptr);
-      signal(SIGINT, SIG_DFL);
-      signal(SIGTERM, SIG_DFL);
-      signal(SIGPIPE, SIG_DFL);
-      execv(args[0], args.data());
-      _exit(127);
-    }
-    close(out[1]);
-    close(err[1]);
-    return std::unique_ptr<Child>(new Child(pid, out[0], err[0]));
-  }
-
-  ~Child() {
-    if (!reaped_) {
-      kill(pid_, SIGKILL);
-      int status;
-      while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-      }
-    }
-  }
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-
-  void Signal(int sig) { ASSERT_EQ(kill(pid_, sig), 0) << strerror(errno); }
-
-  // The wait status once the child exits, or DEADLINE_EXCEEDED after
-  // `timeout` (the child is left running).
-  absl::StatusOr<int> Wait(absl::Duration timeout) {
-    if (reaped_) return status_;
-    const absl::Time deadline = absl::Now() + timeout;
-    while (true) {
-      const pid_t r = waitpid(pid_, &status_, WNOHANG);
-      if (r == pid_) {
-        reaped_ = true;
-        return status_;
-      }
-      if (r < 0 && errno != EINTR) return absl::ErrnoToStatus(errno, "waitpid");
-      if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("pid ", pid_, " still running"));
-      }
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-  }
-
-  const LineCollector& out() const { return out_; }
-  const LineCollector& err() const { return err_; }
-  std::string Output() const {
-    return absl::StrCat("--- stdout:\n", out_.Text(), "\n--- stderr:\n",
-                        err_.Text());
-  }
-
- private:
-  Child(pid_t pid, int out_fd, int err_fd)
-      : pid_(pid), out_(out_fd), err_(err_fd) {}
-
-  const pid_t pid_;
-  bool reaped_ = false;
-  int status_ = 0;
-  // Destroyed (joined) after ~Child's body has killed and reaped the child,
-  // so that their pipes are at EOF.
-  LineCollector out_;
-  LineCollector err_;
-};
-
-std::string DescribeWaitStatus(int status) {
-  if (WIFEXITED(status)) return absl::StrCat("exit ", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return absl::StrCat("signal ", WTERMSIG(status));
-  return absl::StrCat("wait status ", status);
 }
 
 // One f32 token of K (or V) for one layer: kv_heads * head_dim floats.
@@ -440,12 +259,15 @@ class KvkeepdProcessTest : public ::testing::Test {
   absl::StatusOr<Started> StartKvkeepd(std::vector<std::string> args) {
     std::vector<std::string> argv = {KVKEEPD_BINARY, "--self_check=false"};
     bool has_listen = false;
+    bool has_metrics = false;
     bool has_config = false;
     for (const std::string& a : args) {
       has_listen |= absl::StartsWith(a, "--listen=");
+      has_metrics |= absl::StartsWith(a, "--metrics_listen=");
       has_config |= absl::StartsWith(a, "--config=");
     }
     if (!has_listen) argv.push_back("--listen=127.0.0.1:0");
+    if (!has_metrics) argv.push_back("--metrics_listen=127.0.0.1:0");
     if (!has_config) {
       argv.push_back("--config=" + WriteFile("layout.json", ConfigJson()));
     }
@@ -477,8 +299,7 @@ class KvkeepdProcessTest : public ::testing::Test {
 };
 
 TEST_F(KvkeepdProcessTest, PrintsTheGrpcAddressThenTheMetricsAddress) {
-  absl::StatusOr<Started> kvkeepd =
-      StartKvkeepd({"--metrics_listen=127.0.0.1:9999"});
+  absl::StatusOr<Started> kvkeepd = StartKvkeepd({});
   ASSERT_TRUE(kvkeepd.ok()) << kvkeepd.status();
   std::optional<std::string> ready =
       kvkeepd->child->out().WaitFor("kvkeepd: ready", kPatience);
@@ -497,8 +318,16 @@ TEST_F(KvkeepdProcessTest, PrintsTheGrpcAddressThenTheMetricsAddress) {
     EXPECT_THAT(lines[i], StartsWith("kvkeepd: layout 'proc'"));
   }
   ASSERT_LT(grpc_line + 1, lines.size()) << kvkeepd->child->Output();
-  EXPECT_THAT(lines[grpc_line + 1],
-              StartsWith(absl::StrCat(kMetricsPrefix, "127.0.0.1:9999")));
+  // The metrics URL with the port bound (0 was asked for), and serving.
+  ASSERT_THAT(lines[grpc_line + 1],
+              StartsWith(absl::StrCat(kMetricsPrefix, "127.0.0.1:")));
+  const std::string metrics_address(absl::StripSuffix(
+      absl::StripPrefix(lines[grpc_line + 1], kMetricsPrefix), "/metrics"));
+  EXPECT_FALSE(absl::EndsWith(metrics_address, ":0")) << metrics_address;
+  absl::StatusOr<std::string> scrape =
+      metrics_testing::HttpGet(metrics_address, "/metrics");
+  ASSERT_TRUE(scrape.ok()) << scrape.status();
+  EXPECT_THAT(*scrape, HasSubstr("kvkeep_build_info{version=\""));
 
   // HOST:PORT with the port bound (not the 0 asked for), and serving.
   const size_t colon = kvkeepd->address.rfind(':');
@@ -537,7 +366,7 @@ TEST_F(KvkeepdProcessTest, UnknownConfigKeyExitsNonZeroNamingIt) {
     const std::string path = WriteFile(c.unknown_key + ".json", c.json);
     absl::StatusOr<Child*> child =
         Spawn({KVKEEPD_BINARY, "--self_check=false", "--listen=127.0.0.1:0",
-               "--config=" + path});
+               "--metrics_listen=127.0.0.1:0", "--config=" + path});
     ASSERT_TRUE(child.ok()) << child.status();
     absl::StatusOr<int> status = (*child)->Wait(kPatience);
     ASSERT_TRUE(status.ok()) << status.status();
@@ -554,6 +383,21 @@ TEST_F(KvkeepdProcessTest, UnknownConfigKeyExitsNonZeroNamingIt) {
                      .has_value())
         << "it must not serve with a bad config";
   }
+}
+
+// A default policy nobody can create stops start-up (exit 2), even when no
+// self-check would have tried it, instead of failing the first session.
+TEST_F(KvkeepdProcessTest, ADefaultPolicyTypoStopsStartUp) {
+  absl::StatusOr<Child*> child =
+      Spawn({KVKEEPD_BINARY, "--self_check=false", "--listen=127.0.0.1:0",
+             "--metrics_listen=127.0.0.1:0", "--default_policy=h3o"});
+  ASSERT_TRUE(child.ok()) << child.status();
+  absl::StatusOr<int> status = (*child)->Wait(kPatience);
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 2)
+      << DescribeWaitStatus(*status) << (*child)->Output();
+  EXPECT_THAT((*child)->err().AllLines(kPatience),
+              ::testing::Contains(HasSubstr("unknown policy 'h3o'")));
 }
 
 TEST_F(KvkeepdProcessTest, TenantTokensAreRequiredWhenConfigured) {
@@ -591,6 +435,43 @@ TEST_F(KvkeepdProcessTest, TenantTokensAreRequiredWhenConfigured) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << Describe(s);
   s = stub->GetSessionStats(as("").get(), stats_req, &stats);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << Describe(s);
+}
+
+// Tokens from --tenants_file (a mounted Secret in Kubernetes) replace the
+// config's; a bad file stops start-up with its name in the message.
+TEST_F(KvkeepdProcessTest, TenantsFileReplacesTheConfigsTenants) {
+  const std::string config = WriteFile(
+      "with_tenants.json",
+      ConfigJson(R"(, "tenants": [{"name": "old", "token": "tok-old"}])"));
+  const std::string tenants =
+      WriteFile("secret.json", R"([{"name": "carol", "token": "tok-carol"}])");
+  absl::StatusOr<Started> kvkeepd =
+      StartKvkeepd({"--config=" + config, "--tenants_file=" + tenants});
+  ASSERT_TRUE(kvkeepd.ok()) << kvkeepd.status();
+  auto stub = v1::KvKeep::NewStub(Channel(kvkeepd->address));
+  for (const auto& [token, code] :
+       std::vector<std::pair<std::string, grpc::StatusCode>>{
+           {"tok-carol", grpc::StatusCode::OK},
+           {"tok-old", grpc::StatusCode::UNAUTHENTICATED},
+           {"", grpc::StatusCode::UNAUTHENTICATED}}) {
+    std::unique_ptr<grpc::ClientContext> ctx = Context();
+    if (!token.empty()) ctx->AddMetadata("authorization", "Bearer " + token);
+    v1::ServerInfo info;
+    const grpc::Status s = stub->GetServerInfo(ctx.get(), {}, &info);
+    EXPECT_EQ(s.error_code(), code) << token << ": " << Describe(s);
+  }
+
+  const std::string bad = WriteFile("bad_secret.json", R"([{"name": "x"}])");
+  absl::StatusOr<Child*> child =
+      Spawn({KVKEEPD_BINARY, "--self_check=false", "--listen=127.0.0.1:0",
+             "--metrics_listen=127.0.0.1:0", "--tenants_file=" + bad});
+  ASSERT_TRUE(child.ok()) << child.status();
+  absl::StatusOr<int> status = (*child)->Wait(kPatience);
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 2)
+      << DescribeWaitStatus(*status) << (*child)->Output();
+  EXPECT_THAT((*child)->err().AllLines(kPatience),
+              ::testing::Contains(HasSubstr("bad_secret.json")));
 }
 
 // --log_events: one structured line per session create and close and per

@@ -97,12 +97,52 @@ TEST(ServerConfigTest, ErrorsNameTheKey) {
       {R"({"tenants": {"name": "a"}})", "tenants must be an array"},
       {R"({"default_policy": {"name": "h2o", "parms": {}}})",
        "unknown key 'parms'"},
+      {R"({"metrics_session_series": -1})", "metrics_session_series"},
+      {R"({"tenants_file": 3})", "config.tenants_file"},
+      {R"({"tenants": [{"name": "a", "token": "t"},
+                       {"name": "b", "token": "t"}]})",
+       "reuses the token of tenant 'a'"},
   };
   for (const Case& c : cases) {
     ServerConfig config = DefaultConfig();
     const absl::Status s = Apply(c.json, config);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.json;
     EXPECT_THAT(std::string(s.message()), HasSubstr(c.fragment)) << c.json;
+  }
+}
+
+TEST(ServerConfigTest, MetricsAndTenantsFileKeys) {
+  ServerConfig c = DefaultConfig();
+  EXPECT_EQ(c.metrics_session_series, 1000);
+  ASSERT_TRUE(Apply(R"({"metrics_session_series": 5,
+                        "tenants_file": "/etc/kvkeep-secrets/tenants.json"})",
+                    c)
+                  .ok());
+  EXPECT_EQ(c.metrics_session_series, 5);
+  EXPECT_EQ(c.tenants_file, "/etc/kvkeep-secrets/tenants.json");
+}
+
+TEST(ServerConfigTest, ATenantsFileReplacesTheTenants) {
+  ServerConfig c = DefaultConfig();
+  ASSERT_TRUE(Apply(R"({"tenants": [{"name": "old", "token": "x"}]})", c).ok());
+  ASSERT_TRUE(ApplyTenantsJson(R"([{"name": "team-a", "token": "ta"},
+                                   {"name": "team-b", "token": "tb"}])",
+                               c)
+                  .ok());
+  ASSERT_EQ(c.tenants.size(), 2u);
+  EXPECT_EQ(c.tenants[0].tenant, "team-a");
+  EXPECT_EQ(c.tenants[1].token, "tb");
+
+  // A bad file changes nothing and says what is wrong.
+  for (const auto& [json, fragment] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"[{", "tenants file: not valid JSON"},
+           {R"({"name": "a"})", "tenants must be an array"},
+           {R"([{"name": "a", "token": ""}])", "needs a name and a token"}}) {
+    const absl::Status s = ApplyTenantsJson(json, c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << json;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(fragment)) << json;
+    EXPECT_EQ(c.tenants.size(), 2u);
   }
 }
 

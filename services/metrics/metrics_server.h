@@ -1,0 +1,44 @@
+// MetricsServer: serves the Prometheus text format at http://ADDRESS/metrics
+// (prometheus-cpp's embedded civetweb server), for the collectables it is
+// given. Thread-safe; stops serving when destroyed.
+#ifndef KVKEEP_SERVICES_METRICS_METRICS_SERVER_H_
+#define KVKEEP_SERVICES_METRICS_METRICS_SERVER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "prometheus/collectable.h"
+#include "prometheus/exposer.h"
+
+namespace kvkeep {
+
+class MetricsServer {
+ public:
+  // Binds `address` ("HOST:PORT"; port 0 picks a free one) and serves the
+  // collectables, which must outlive the server. INVALID_ARGUMENT for an
+  // address without a port; UNAVAILABLE when it cannot be bound.
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
+      const std::string& address,
+      const std::vector<std::shared_ptr<prometheus::Collectable>>&
+          collectables);
+
+  MetricsServer(const MetricsServer&) = delete;
+  MetricsServer& operator=(const MetricsServer&) = delete;
+
+  // HOST:PORT with the port actually bound.
+  const std::string& address() const { return address_; }
+
+ private:
+  MetricsServer(std::unique_ptr<prometheus::Exposer> exposer,
+                std::string address)
+      : exposer_(std::move(exposer)), address_(std::move(address)) {}
+
+  const std::unique_ptr<prometheus::Exposer> exposer_;
+  const std::string address_;
+};
+
+}  // namespace kvkeep
+
+#endif  // KVKEEP_SERVICES_METRICS_METRICS_SERVER_H_
