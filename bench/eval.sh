@@ -4,7 +4,7 @@
 # 8 query heads, head_dim 64), runs every policy x budget x workload family
 # (and the oracle) and the speed run, and writes under RESULTS (default
 # bench/results): eval.md, eval.csv, speed.md, speed.csv and quality.png
-# (gnuplot; Debian's gnuplot-nox is installed if missing).
+# (gnuplot; Debian's gnuplot-nox is installed if missing) and summary.md.
 #
 #   bench/eval.sh [RESULTS] [extra kvkeep-eval flags]
 set -euo pipefail
@@ -18,16 +18,10 @@ results="${1:-bench/results}"
 shift || true
 mkdir -p "$results"
 log="$(mktemp)"
-build/bin/kvkeepd --config=bench/eval/kvkeepd.json --self_check=false >"$log" 2>&1 &
-pid=$!
-trap 'kill $pid 2>/dev/null || true; rm -f "$log"' EXIT
-address=""
-for _ in $(seq 300); do
-  address="$(sed -n 's/^kvkeepd: grpc listening on //p' "$log")"
-  [ -n "$address" ] && break
-  sleep 0.1
-done
-[ -n "$address" ] || { cat "$log" >&2; exit 1; }
+trap 'kill $KVKEEPD_PID 2>/dev/null || true; rm -f "$log"' EXIT
+kvkeep_start_kvkeepd build/bin/kvkeepd "$log" \
+  --config=bench/eval/kvkeepd.json --self_check=false
+address="$KVKEEPD_ADDRESS"
 
 sizes=(--prompt_tokens=1024 --decode_steps=256 --seed=1)
 build/bin/kvkeep-eval --server="$address" --layout=eval "${sizes[@]}" \

@@ -36,3 +36,24 @@ kvkeep_build() {
   # shellcheck disable=SC2086  # one argument per target
   cmake --build "$dir" --target $targets --parallel "$(nproc)"
 }
+
+# kvkeep_start_kvkeepd BIN LOG [kvkeepd args...]: starts kvkeepd in the
+# background with its output in LOG and waits for its "grpc listening on"
+# line; sets KVKEEPD_PID and KVKEEPD_ADDRESS. Fails, printing the log, if it
+# exits or prints no address within a minute.
+kvkeep_start_kvkeepd() {
+  local bin="$1" log="$2"
+  shift 2
+  "$bin" "$@" >"$log" 2>&1 &
+  KVKEEPD_PID=$!
+  KVKEEPD_ADDRESS=""
+  for _ in $(seq 600); do
+    KVKEEPD_ADDRESS="$(sed -n 's/^kvkeepd: grpc listening on //p' "$log")"
+    [ -n "$KVKEEPD_ADDRESS" ] && return 0
+    kill -0 "$KVKEEPD_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  cat "$log" >&2
+  echo "kvkeepd did not start" >&2
+  return 1
+}

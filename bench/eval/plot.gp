@@ -1,13 +1,13 @@
 # Attention loss (mean over steps, layers and heads) against the KV memory a
 # policy really kept (mean resident tokens per layer over the decode, as a
 # fraction of the context: snapkv keeps its budget plus every decoded
-# token), one panel per workload family, one line per policy (points: the
+# token; bound: the per-step floor at budget + 1 tokens), one panel per workload family, one line per policy (points: the
 # 12.5/25/50/75% budgets): from kvkeep-eval's eval.csv. Run by bench/eval.sh:
 #   gnuplot -e "csv='results/eval.csv'; png='results/quality.png'" plot.gp
 if (!exists("csv")) csv = 'eval.csv'
 if (!exists("png")) png = 'quality.png'
 families = "sinks locality heavy_hitters needle_repeated needle_once head_types mixed"
-policies = "window streaming_llm h2o tova scissorhands snapkv h2o_page oracle"
+policies = "window streaming_llm h2o tova scissorhands snapkv h2o_page oracle bound"
 set terminal pngcairo size 1800,900 font ",10" noenhanced
 set output png
 set datafile separator ","

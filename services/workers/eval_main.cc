@@ -21,6 +21,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "services/workers/evaluation.h"
@@ -214,8 +215,16 @@ int Main(int argc, char** argv) {
   if (!rows.ok()) return Fail(rows.status());
   const std::string table = EvalTable(*rows);
   std::printf("%s", table.c_str());
+  std::string summary;
+  for (double f : options.budget_fractions) {
+    absl::StrAppendFormat(&summary,
+                          "Mean attention loss at a budget of %.1f%% of the "
+                          "context (needle kept):\n\n%s\n",
+                          100 * f, EvalSummary(*rows, f));
+  }
   for (const auto& [name, text] :
-       {std::pair("eval.md", table), std::pair("eval.csv", EvalCsv(*rows))}) {
+       {std::pair("eval.md", table), std::pair("eval.csv", EvalCsv(*rows)),
+        std::pair("summary.md", summary)}) {
     if (absl::Status s = Write(out, name, text); !s.ok()) return Fail(s);
   }
   return 0;

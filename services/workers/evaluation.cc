@@ -237,6 +237,49 @@ std::string EvalCsv(const std::vector<EvalRow>& rows) {
   return out;
 }
 
+std::string EvalSummary(const std::vector<EvalRow>& rows, double fraction) {
+  std::vector<std::string> families;
+  std::vector<std::string> policies;
+  std::map<std::pair<std::string, std::string>, const EvalRow*> cells;
+  for (const EvalRow& r : rows) {
+    if (r.policy != "full" && std::abs(r.budget_fraction - fraction) > 1e-9) {
+      continue;
+    }
+    if (std::find(families.begin(), families.end(), r.family) ==
+        families.end()) {
+      families.push_back(r.family);
+    }
+    if (std::find(policies.begin(), policies.end(), r.policy) ==
+        policies.end()) {
+      policies.push_back(r.policy);
+    }
+    cells[{r.family, r.policy}] = &r;
+  }
+  std::string out = "| workload |";
+  for (const std::string& p : policies) absl::StrAppend(&out, " ", p, " |");
+  absl::StrAppend(&out, "\n|---|");
+  for (size_t i = 0; i < policies.size(); ++i) absl::StrAppend(&out, "---|");
+  absl::StrAppend(&out, "\n");
+  for (const std::string& f : families) {
+    absl::StrAppend(&out, "| ", f, " |");
+    for (const std::string& p : policies) {
+      auto it = cells.find({f, p});
+      if (it == cells.end()) {
+        absl::StrAppend(&out, " |");
+        continue;
+      }
+      const EvalRow& r = *it->second;
+      absl::StrAppendFormat(&out, " %.3f", r.attention_loss.mean);
+      if (r.needle_survival >= 0) {
+        absl::StrAppendFormat(&out, " (%.0f%%)", 100 * r.needle_survival);
+      }
+      absl::StrAppend(&out, " |");
+    }
+    absl::StrAppend(&out, "\n");
+  }
+  return out;
+}
+
 std::string EvalTable(const std::vector<EvalRow>& rows) {
   std::string out =
       "| workload | policy | budget | attention loss mean / p95 / max | "

@@ -82,6 +82,10 @@ absl::StatusOr<EvalRow> RunCase(const client::KvKeepClient& client,
                                 EvalRow* bound = nullptr);
 
 std::string EvalCsv(const std::vector<EvalRow>& rows);
+// A Markdown pivot at one budget fraction: a row per workload family, a
+// column per policy (full, whatever the budget), each cell the mean
+// attention loss, with the needle kept where the workload has one.
+std::string EvalSummary(const std::vector<EvalRow>& rows, double fraction);
 // A Markdown table: one row per (family, policy, budget).
 std::string EvalTable(const std::vector<EvalRow>& rows);
 

@@ -283,6 +283,21 @@ class KvkeepdProcessTest : public ::testing::Test {
     return Started{*child, line->substr(kListenPrefix.size())};
   }
 
+  // kvkeepd with `flag` exits 2 before serving, saying `fragment` on stderr.
+  void ExpectStartupRefused(const std::string& flag,
+                            const std::string& fragment) {
+    absl::StatusOr<Child*> child =
+        Spawn({KVKEEPD_BINARY, "--self_check=false", "--listen=127.0.0.1:0",
+               "--metrics_listen=127.0.0.1:0", flag});
+    ASSERT_TRUE(child.ok()) << child.status();
+    absl::StatusOr<int> status = (*child)->Wait(kPatience);
+    ASSERT_TRUE(status.ok()) << status.status();
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 2)
+        << DescribeWaitStatus(*status) << (*child)->Output();
+    EXPECT_THAT((*child)->err().AllLines(kPatience),
+                ::testing::Contains(HasSubstr(fragment)));
+  }
+
   // SIGTERM or SIGINT: the child drains, says so, and exits 0.
   void ExpectCleanExit(Child& child) {
     absl::StatusOr<int> status = child.Wait(kPatience);
@@ -388,16 +403,7 @@ TEST_F(KvkeepdProcessTest, UnknownConfigKeyExitsNonZeroNamingIt) {
 // A default policy nobody can create stops start-up (exit 2), even when no
 // self-check would have tried it, instead of failing the first session.
 TEST_F(KvkeepdProcessTest, ADefaultPolicyTypoStopsStartUp) {
-  absl::StatusOr<Child*> child =
-      Spawn({KVKEEPD_BINARY, "--self_check=false", "--listen=127.0.0.1:0",
-             "--metrics_listen=127.0.0.1:0", "--default_policy=h3o"});
-  ASSERT_TRUE(child.ok()) << child.status();
-  absl::StatusOr<int> status = (*child)->Wait(kPatience);
-  ASSERT_TRUE(status.ok()) << status.status();
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 2)
-      << DescribeWaitStatus(*status) << (*child)->Output();
-  EXPECT_THAT((*child)->err().AllLines(kPatience),
-              ::testing::Contains(HasSubstr("unknown policy 'h3o'")));
+  ExpectStartupRefused("--default_policy=h3o", "unknown policy 'h3o'");
 }
 
 TEST_F(KvkeepdProcessTest, TenantTokensAreRequiredWhenConfigured) {
@@ -462,16 +468,7 @@ TEST_F(KvkeepdProcessTest, TenantsFileReplacesTheConfigsTenants) {
   }
 
   const std::string bad = WriteFile("bad_secret.json", R"([{"name": "x"}])");
-  absl::StatusOr<Child*> child =
-      Spawn({KVKEEPD_BINARY, "--self_check=false", "--listen=127.0.0.1:0",
-             "--metrics_listen=127.0.0.1:0", "--tenants_file=" + bad});
-  ASSERT_TRUE(child.ok()) << child.status();
-  absl::StatusOr<int> status = (*child)->Wait(kPatience);
-  ASSERT_TRUE(status.ok()) << status.status();
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 2)
-      << DescribeWaitStatus(*status) << (*child)->Output();
-  EXPECT_THAT((*child)->err().AllLines(kPatience),
-              ::testing::Contains(HasSubstr("bad_secret.json")));
+  ExpectStartupRefused("--tenants_file=" + bad, "bad_secret.json");
 }
 
 // --log_events: one structured line per session create and close and per

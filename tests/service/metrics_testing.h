@@ -169,6 +169,17 @@ inline std::vector<std::string> DeployedMetricNames(
   return names;
 }
 
+// Creates a session of `layout` with `policy` and a uniform budget.
+inline absl::StatusOr<client::Session> OpenSession(
+    const client::KvKeepClient& client, const std::string& layout,
+    const std::string& policy, int64_t budget) {
+  v1::CreateSessionRequest request;
+  request.set_layout(layout);
+  request.set_policy(policy);
+  request.mutable_budget()->set_tokens(budget);
+  return client.CreateSession(request);
+}
+
 // Random f32 K/V for `positions` of every layer of a session's layout.
 inline client::KvTokens RandomTokens(const v1::Layout& layout,
                                      std::vector<int64_t> positions,

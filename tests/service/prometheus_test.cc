@@ -191,11 +191,8 @@ class PrometheusTest : public ::testing::Test {
   }
 
   client::Session Open(const std::string& policy, int64_t budget) {
-    v1::CreateSessionRequest request;
-    request.set_layout("m");
-    request.set_policy(policy);
-    request.mutable_budget()->set_tokens(budget);
-    absl::StatusOr<client::Session> s = client_->CreateSession(request);
+    absl::StatusOr<client::Session> s =
+        metrics_testing::OpenSession(*client_, "m", policy, budget);
     EXPECT_TRUE(s.ok()) << s.status();
     return *std::move(s);
   }

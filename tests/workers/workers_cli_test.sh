@@ -11,18 +11,13 @@
 set -euo pipefail
 bin="$1"
 config="$2"
+source "$(dirname "$0")/../../scripts/lib.sh"
 log="$(mktemp)"
-"$bin/kvkeepd" --config="$config" --listen=127.0.0.1:0 \
-  --metrics_listen=127.0.0.1:0 --self_check=false >"$log" 2>&1 &
-pid=$!
-trap 'kill -9 $pid 2>/dev/null || true; rm -f "$log"' EXIT
-address=""
-for _ in $(seq 600); do
-  address="$(sed -n 's/^kvkeepd: grpc listening on //p' "$log")"
-  [ -n "$address" ] && break
-  sleep 0.1
-done
-[ -n "$address" ] || { cat "$log"; echo "FAIL: kvkeepd did not start"; exit 1; }
+trap 'kill -9 $KVKEEPD_PID 2>/dev/null || true; rm -f "$log"' EXIT
+kvkeep_start_kvkeepd "$bin/kvkeepd" "$log" --config="$config" \
+  --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --self_check=false ||
+  { echo "FAIL: kvkeepd did not start"; exit 1; }
+address="$KVKEEPD_ADDRESS"
 
 fail() { echo "FAIL: $*"; exit 1; }
 flags=(--server="$address" --workload=needle_repeated --prompt_tokens=256
