@@ -95,6 +95,7 @@ int Demo(const client::KvKeepClient& client) {
       static_cast<long long>(workload->spec().decode_steps),
       layout->name().c_str(), layout->num_layers(),
       static_cast<long long>(budget));
+  std::fflush(stdout);  // before the progress bars on stderr
   struct Line {
     std::string policy;
     DecodeReport report;
