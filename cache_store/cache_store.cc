@@ -53,19 +53,65 @@ absl::StatusOr<std::unique_ptr<CacheStore>> CacheStore::Create(
   return store;
 }
 
-absl::StatusOr<SessionId> CacheStore::CreateSession(const SessionSpec& spec) {
-  const Pool* pool = nullptr;
+absl::StatusOr<const CacheStore::Pool*> CacheStore::FindPool(
+    const std::string& layout) const {
   for (const Pool& p : pools_) {
-    if (p.layout.name == spec.layout) pool = &p;
+    if (p.layout.name == layout) return &p;
   }
-  if (pool == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat("unknown layout '", spec.layout, "'"));
+  return absl::NotFoundError(absl::StrCat("unknown layout '", layout, "'"));
+}
+
+absl::StatusOr<std::shared_ptr<PageQuota>> CacheStore::Admit(
+    const std::string& tenant_name) {
+  if (static_cast<int64_t>(sessions_.size()) >= options_.max_sessions) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the store already holds its maximum of ",
+                     options_.max_sessions, " sessions"));
   }
+  Tenant& tenant = tenants_[tenant_name];
+  if (tenant.quota == nullptr) {
+    tenant.quota =
+        std::make_shared<PageQuota>(tenant_name, options_.max_bytes_per_tenant);
+  }
+  if (options_.max_sessions_per_tenant > 0 &&
+      tenant.sessions >= options_.max_sessions_per_tenant) {
+    tenant.quota->CountRejection();
+    return absl::ResourceExhaustedError(
+        absl::StrCat("tenant '", tenant_name, "' already holds its maximum of ",
+                     options_.max_sessions_per_tenant, " sessions"));
+  }
+  return tenant.quota;
+}
+
+void CacheStore::Register(std::unique_ptr<Session> session,
+                          const std::string& tenant, PolicySpec policy,
+                          const std::string& idempotency_key) {
+  const SessionId id = session->id();
+  ++tenants_[tenant].sessions;
+  auto entry = std::make_shared<Entry>(
+      SessionInfo{id, tenant, session->layout().name,
+                  std::string(session->policy().name())},
+      std::move(policy), idempotency_key);
+  {
+    absl::MutexLock entry_lock(&entry->mu);
+    entry->session = std::move(session);
+  }
+  if (options_.observer != nullptr) {
+    options_.observer->SessionOpened(entry->info);
+  }
+  sessions_.emplace(id, std::move(entry));
+  if (!idempotency_key.empty()) {
+    idempotency_.emplace(std::pair(tenant, idempotency_key), id);
+  }
+}
+
+absl::StatusOr<SessionId> CacheStore::CreateSession(const SessionSpec& spec) {
+  absl::StatusOr<const Pool*> pool = FindPool(spec.layout);
+  if (!pool.ok()) return pool.status();
   absl::StatusOr<PolicyPtr> policy = NewPolicy(spec.policy);
   if (!policy.ok()) return policy.status();
   absl::StatusOr<std::vector<int64_t>> budgets = LayerBudgets(
-      spec.budget, pool->layout.num_layers, (*policy)->protected_tokens());
+      spec.budget, (*pool)->layout.num_layers, (*policy)->protected_tokens());
   if (!budgets.ok()) return budgets.status();
 
   absl::MutexLock lock(&mu_);
@@ -73,45 +119,64 @@ absl::StatusOr<SessionId> CacheStore::CreateSession(const SessionSpec& spec) {
     auto it = idempotency_.find(std::pair(spec.tenant, spec.idempotency_key));
     if (it != idempotency_.end()) return it->second;
   }
-  if (static_cast<int64_t>(sessions_.size()) >= options_.max_sessions) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("the store already holds its maximum of ",
-                     options_.max_sessions, " sessions"));
-  }
-  Tenant& tenant = tenants_[spec.tenant];
-  if (tenant.quota == nullptr) {
-    tenant.quota =
-        std::make_shared<PageQuota>(spec.tenant, options_.max_bytes_per_tenant);
-  }
-  if (options_.max_sessions_per_tenant > 0 &&
-      tenant.sessions >= options_.max_sessions_per_tenant) {
-    tenant.quota->CountRejection();
-    return absl::ResourceExhaustedError(
-        absl::StrCat("tenant '", spec.tenant, "' already holds its maximum of ",
-                     options_.max_sessions_per_tenant, " sessions"));
-  }
+  absl::StatusOr<std::shared_ptr<PageQuota>> quota = Admit(spec.tenant);
+  if (!quota.ok()) return quota.status();
   SessionId id = 0;
   while (id == 0 || sessions_.contains(id)) id = absl::Uniform<SessionId>(rng_);
-  absl::StatusOr<std::unique_ptr<Session>> session =
-      Session::Create(id, pool->layout, pool->pages.get(), *std::move(policy),
-                      *std::move(budgets), tenant.quota);
+  absl::StatusOr<std::unique_ptr<Session>> session = Session::Create(
+      id, (*pool)->layout, (*pool)->pages.get(), *std::move(policy),
+      *std::move(budgets), *std::move(quota));
   if (!session.ok()) return session.status();
-  ++tenant.sessions;
-  auto entry = std::make_shared<Entry>(
-      SessionInfo{id, spec.tenant, pool->layout.name,
-                  std::string((*session)->policy().name())},
-      spec.idempotency_key);
-  {
-    absl::MutexLock entry_lock(&entry->mu);
-    entry->session = *std::move(session);
-  }
-  if (options_.observer != nullptr)
-    options_.observer->SessionOpened(entry->info);
-  sessions_.emplace(id, std::move(entry));
-  if (!spec.idempotency_key.empty()) {
-    idempotency_.emplace(std::pair(spec.tenant, spec.idempotency_key), id);
-  }
+  Register(*std::move(session), spec.tenant, spec.policy, spec.idempotency_key);
   return id;
+}
+
+absl::StatusOr<SessionSnapshot> CacheStore::ExportSession(SessionId id) {
+  return WithEntry(
+      id,
+      [&](const Entry& entry, Session& s) -> absl::StatusOr<SessionSnapshot> {
+        SessionSnapshot snapshot = s.Snapshot();
+        snapshot.tenant = entry.info.tenant;
+        snapshot.policy = entry.policy_spec;
+        return snapshot;
+      });
+}
+
+absl::StatusOr<SessionId> CacheStore::ImportSession(
+    const SessionSnapshot& snapshot) {
+  if (snapshot.id == 0) {
+    return absl::InvalidArgumentError("a session snapshot needs an id");
+  }
+  absl::StatusOr<const Pool*> pool = FindPool(snapshot.layout);
+  if (!pool.ok()) return pool.status();
+  absl::StatusOr<PolicyPtr> policy = NewPolicy(snapshot.policy);
+  if (!policy.ok()) return policy.status();
+  auto taken = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+    if (!sessions_.contains(snapshot.id)) return absl::OkStatus();
+    return absl::AlreadyExistsError(absl::StrCat(
+        "session ", SessionName(snapshot.id), " already exists here"));
+  };
+  std::shared_ptr<PageQuota> quota;
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = taken(); !s.ok()) return s;
+    absl::StatusOr<std::shared_ptr<PageQuota>> q = Admit(snapshot.tenant);
+    if (!q.ok()) return q.status();
+    quota = *std::move(q);
+  }
+  // The pages are taken and written outside the store's lock: other sessions
+  // keep working while a large session arrives.
+  absl::StatusOr<std::unique_ptr<Session>> session =
+      Session::Restore(snapshot.id, (*pool)->layout, (*pool)->pages.get(),
+                       *std::move(policy), snapshot, quota);
+  if (!session.ok()) return session.status();
+  absl::MutexLock lock(&mu_);
+  // Checked again: another import or create may have come in between (a
+  // refused session's pages go back as it is destroyed).
+  if (absl::Status s = taken(); !s.ok()) return s;
+  if (absl::Status s = Admit(snapshot.tenant).status(); !s.ok()) return s;
+  Register(*std::move(session), snapshot.tenant, snapshot.policy, "");
+  return snapshot.id;
 }
 
 absl::StatusOr<std::shared_ptr<CacheStore::Entry>> CacheStore::Find(
@@ -127,8 +192,7 @@ absl::StatusOr<std::shared_ptr<CacheStore::Entry>> CacheStore::Find(
 
 template <typename Fn>
 auto CacheStore::WithEntry(SessionId id, Fn fn)
-    -> decltype(fn(std::declval<const SessionInfo&>(),
-                   std::declval<Session&>())) {
+    -> decltype(fn(std::declval<const Entry&>(), std::declval<Session&>())) {
   absl::StatusOr<std::shared_ptr<Entry>> entry = Find(id);
   if (!entry.ok()) return entry.status();
   absl::MutexLock lock(&(*entry)->mu);
@@ -137,20 +201,20 @@ auto CacheStore::WithEntry(SessionId id, Fn fn)
     return absl::NotFoundError(
         absl::StrCat("session ", SessionName(id), " not found"));
   }
-  return fn((*entry)->info, *(*entry)->session);
+  return fn(**entry, *(*entry)->session);
 }
 
 template <typename Fn>
 auto CacheStore::WithSession(SessionId id, Fn fn)
     -> decltype(fn(std::declval<Session&>())) {
-  return WithEntry(id, [&](const SessionInfo&, Session& s) { return fn(s); });
+  return WithEntry(id, [&](const Entry&, Session& s) { return fn(s); });
 }
 
 template <typename Fn>
 auto CacheStore::Work(SessionId id, StoreOperation op, Fn fn)
     -> decltype(fn(std::declval<Session&>())) {
   if (options_.observer == nullptr) return WithSession(id, fn);
-  return WithEntry(id, [&](const SessionInfo& info, Session& session) {
+  return WithEntry(id, [&](const Entry& entry, Session& session) {
     const SessionWork before = session.work();
     const auto start = std::chrono::steady_clock::now();
     auto result = fn(session);
@@ -158,7 +222,7 @@ auto CacheStore::Work(SessionId id, StoreOperation op, Fn fn)
     const auto end = std::chrono::steady_clock::now();
     const SessionWork& after = session.work();
     WorkReport report;
-    report.session = &info;
+    report.session = &entry.info;
     report.operation = op;
     report.duration = absl::FromChrono(end - start);
     report.work.evicted_tokens = after.evicted_tokens - before.evicted_tokens;

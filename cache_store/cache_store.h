@@ -22,6 +22,7 @@
 #include "cache_store/page_pool.h"
 #include "cache_store/page_quota.h"
 #include "cache_store/session.h"
+#include "cache_store/session_snapshot.h"
 #include "cache_store/session_types.h"
 #include "cache_store/store_observer.h"
 
@@ -73,6 +74,18 @@ class CacheStore {
   // Frees every page of the session. NOT_FOUND if it does not exist.
   absl::Status CloseSession(SessionId id);
 
+  // The session's whole state (session_snapshot.h), taken under its lock.
+  // NOT_FOUND if it does not exist.
+  absl::StatusOr<SessionSnapshot> ExportSession(SessionId id);
+  // Adds a session in the state `snapshot` describes, under its id, tenant
+  // and policy; it answers every later call as the exported session would
+  // have. NOT_FOUND for an unknown layout; ALREADY_EXISTS if the id is
+  // taken; INVALID_ARGUMENT for an inconsistent snapshot or a bad policy;
+  // RESOURCE_EXHAUSTED when the pool, max_sessions or the tenant's limits
+  // cannot take it. A refused import holds nothing. The pages are written
+  // without the store's lock held, so other sessions are not held up.
+  absl::StatusOr<SessionId> ImportSession(const SessionSnapshot& snapshot);
+
   // The session operations (see Session); NOT_FOUND for an unknown session.
   absl::StatusOr<StepResult> Append(SessionId id, const AppendRequest& request);
   absl::StatusOr<StepResult> UpdateScores(SessionId id,
@@ -95,11 +108,13 @@ class CacheStore {
 
  private:
   struct Entry {
-    Entry(SessionInfo session_info, std::string idempotency)
+    Entry(SessionInfo session_info, PolicySpec policy, std::string idempotency)
         : info(std::move(session_info)),
+          policy_spec(std::move(policy)),
           idempotency_key(std::move(idempotency)) {}
     // Immutable: read without the lock.
     const SessionInfo info;
+    const PolicySpec policy_spec;  // as created (name and parameters)
     const std::string idempotency_key;
     absl::Mutex mu;
     std::unique_ptr<Session> session ABSL_GUARDED_BY(mu);
@@ -115,12 +130,20 @@ class CacheStore {
   };
 
   explicit CacheStore(const StoreOptions& options) : options_(options) {}
+  absl::StatusOr<const Pool*> FindPool(const std::string& layout) const;
+  // Whether one more session of `tenant` fits max_sessions and the tenant's
+  // session limit (a refusal is counted against the tenant); its quota.
+  absl::StatusOr<std::shared_ptr<PageQuota>> Admit(const std::string& tenant)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds a made session to the map, its tenant and the observer.
+  void Register(std::unique_ptr<Session> session, const std::string& tenant,
+                PolicySpec policy, const std::string& idempotency_key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::shared_ptr<Entry>> Find(SessionId id) const;
-  // Runs fn(const SessionInfo&, Session&) under the session's lock.
+  // Runs fn(const Entry&, Session&) under the session's lock.
   template <typename Fn>
   auto WithEntry(SessionId id, Fn fn)
-      -> decltype(fn(std::declval<const SessionInfo&>(),
-                     std::declval<Session&>()));
+      -> decltype(fn(std::declval<const Entry&>(), std::declval<Session&>()));
   // Runs fn(Session&) under the session's lock.
   template <typename Fn>
   auto WithSession(SessionId id, Fn fn)

@@ -127,6 +127,88 @@ Session::Session(SessionId id, const ModelLayout& layout, PagePool* pool,
   }
 }
 
+absl::StatusOr<std::unique_ptr<Session>> Session::Restore(
+    SessionId id, const ModelLayout& layout, PagePool* pool, PolicyPtr policy,
+    const SessionSnapshot& snapshot, std::shared_ptr<PageQuota> quota) {
+  if (absl::Status s = ValidateSnapshot(snapshot, layout); !s.ok()) return s;
+  std::vector<int64_t> budgets;
+  for (const LayerSnapshot& l : snapshot.layers) {
+    budgets.push_back(l.budget);
+    if (l.resident() > 0 && l.history.empty() == policy->uses_history()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "session snapshot ", SessionName(snapshot.id), ": policy '",
+          policy->name(), "' ", policy->uses_history() ? "needs" : "keeps no",
+          " history bits"));
+    }
+  }
+  absl::StatusOr<std::unique_ptr<Session>> session =
+      Create(id, layout, pool, std::move(policy), std::move(budgets),
+             std::move(quota));
+  if (!session.ok()) return session.status();
+  Session& s = **session;
+  int64_t pages = 0;
+  for (const LayerSnapshot& l : snapshot.layers) {
+    pages += CeilDiv(l.resident(), layout.page_tokens);
+  }
+  std::vector<PageId> fresh;
+  if (absl::Status st = s.AllocatePages(pages, &fresh); !st.ok()) return st;
+  const int64_t token_bytes = s.page_layout_.token_bytes();
+  std::byte* arena = pool->data();
+  size_t next = 0;
+  for (size_t l = 0; l < snapshot.layers.size(); ++l) {
+    const LayerSnapshot& from = snapshot.layers[l];
+    Layer& to = s.layers_[l];
+    to.position = from.position;
+    to.arrival = from.arrival;
+    to.score = from.score;
+    to.history = from.history;
+    to.appended = from.appended;
+    to.version = from.version;
+    for (int64_t slot = 0; slot < from.resident(); ++slot) {
+      if (slot % layout.page_tokens == 0) to.pages.push_back(fresh[next++]);
+      const PageId page = to.pages.back();
+      const int32_t in_page = static_cast<int32_t>(slot % layout.page_tokens);
+      std::memcpy(arena + s.page_layout_.key_offset(page, in_page),
+                  from.keys.data() + slot * token_bytes, token_bytes);
+      std::memcpy(arena + s.page_layout_.value_offset(page, in_page),
+                  from.values.data() + slot * token_bytes, token_bytes);
+    }
+  }
+  s.last_position_ = snapshot.last_position;
+  s.compressed_ = snapshot.compressed;
+  s.work_ = snapshot.work;
+  s.work_.scoring_time = absl::ZeroDuration();
+  s.work_.eviction_time = absl::ZeroDuration();
+  return session;
+}
+
+SessionSnapshot Session::Snapshot() const {
+  SessionSnapshot out;
+  out.id = id_;
+  out.layout = layout_.name;
+  out.last_position = last_position_;
+  out.compressed = compressed_;
+  out.work = work_;
+  out.work.scoring_time = absl::ZeroDuration();
+  out.work.eviction_time = absl::ZeroDuration();
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& layer = layers_[l];
+    LayerSnapshot s;
+    s.position = layer.position;
+    s.arrival = layer.arrival;
+    s.score = layer.score;
+    s.history = layer.history;
+    s.appended = layer.appended;
+    s.version = layer.version;
+    s.budget = layer.budget;
+    absl::StatusOr<LayerKvCopy> kv = ReadLayer(static_cast<int32_t>(l));
+    s.keys = std::move(kv->keys);
+    s.values = std::move(kv->values);
+    out.layers.push_back(std::move(s));
+  }
+  return out;
+}
+
 Session::~Session() {
   for (Layer& layer : layers_) FreePages(layer.pages);
 }

@@ -21,6 +21,7 @@
 #include "cache_store/page_pool.h"
 #include "cache_store/page_quota.h"
 #include "cache_store/policy_registry.h"
+#include "cache_store/session_snapshot.h"
 #include "cache_store/session_types.h"
 #include "cache_store/store_observer.h"
 
@@ -33,6 +34,16 @@ class Session {
   static absl::StatusOr<std::unique_ptr<Session>> Create(
       SessionId id, const ModelLayout& layout, PagePool* pool, PolicyPtr policy,
       std::vector<int64_t> layer_budgets,
+      std::shared_ptr<PageQuota> quota = nullptr);
+  // A session in the state `snapshot` describes (see session_snapshot.h),
+  // with pages from `pool`, all or nothing: INVALID_ARGUMENT for a snapshot
+  // that is inconsistent or does not fit the layout or the policy;
+  // RESOURCE_EXHAUSTED (nothing held) when the pool or quota cannot give its
+  // pages. The snapshot's id, layout name, policy spec and tenant are the
+  // caller's business.
+  static absl::StatusOr<std::unique_ptr<Session>> Restore(
+      SessionId id, const ModelLayout& layout, PagePool* pool, PolicyPtr policy,
+      const SessionSnapshot& snapshot,
       std::shared_ptr<PageQuota> quota = nullptr);
   ~Session();  // returns every page to the pool
 
@@ -70,6 +81,9 @@ class Session {
   absl::StatusOr<BlockTable> GetBlockTable(int32_t layer) const;
   absl::StatusOr<LayerKvCopy> ReadLayer(int32_t layer) const;
   SessionStats stats() const;
+  // The session's state (its layers, last position, work; the caller adds
+  // id, layout, policy spec and tenant). Copies every resident byte.
+  SessionSnapshot Snapshot() const;
   // What the session has done since it was created (for monitoring).
   const SessionWork& work() const { return work_; }
 

@@ -1,0 +1,62 @@
+#include "cache_store/session_snapshot.h"
+
+#include <algorithm>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+
+namespace kvkeep {
+
+absl::Status ValidateSnapshot(const SessionSnapshot& snapshot,
+                              const ModelLayout& layout) {
+  auto bad = [&](size_t layer, absl::string_view what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session snapshot ", SessionName(snapshot.id), ": layer ",
+                     layer, ": ", what));
+  };
+  if (static_cast<int32_t>(snapshot.layers.size()) != layout.num_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session snapshot ", SessionName(snapshot.id), " has ",
+                     snapshot.layers.size(), " layers; layout '", layout.name,
+                     "' has ", layout.num_layers));
+  }
+  const int64_t token_bytes = layout.page_layout().token_bytes();
+  for (size_t l = 0; l < snapshot.layers.size(); ++l) {
+    const LayerSnapshot& s = snapshot.layers[l];
+    const size_t n = s.position.size();
+    if (s.arrival.size() != n || s.score.size() != n) {
+      return bad(l, "positions, arrivals and scores differ in length");
+    }
+    if (!s.history.empty() && s.history.size() != n) {
+      return bad(l, "history is neither empty nor one entry per slot");
+    }
+    if (static_cast<int64_t>(s.keys.size()) !=
+            static_cast<int64_t>(n) * token_bytes ||
+        s.values.size() != s.keys.size()) {
+      return bad(l, absl::StrCat("keys and values must hold ", n, " tokens of ",
+                                 token_bytes, " bytes"));
+    }
+    if (s.version < 1) return bad(l, "version must be at least 1");
+    if (s.budget < 0) return bad(l, "negative budget");
+    if (static_cast<int64_t>(n) > s.appended) {
+      return bad(l, "more resident tokens than were ever appended");
+    }
+    absl::flat_hash_set<int64_t> positions;
+    absl::flat_hash_set<int64_t> arrivals;
+    for (size_t i = 0; i < n; ++i) {
+      if (s.position[i] < 0 || s.position[i] > snapshot.last_position ||
+          !positions.insert(s.position[i]).second) {
+        return bad(l, absl::StrCat("position ", s.position[i],
+                                   " is repeated or out of range"));
+      }
+      if (s.arrival[i] < 0 || s.arrival[i] >= s.appended ||
+          !arrivals.insert(s.arrival[i]).second) {
+        return bad(l, absl::StrCat("arrival ", s.arrival[i],
+                                   " is repeated or out of range"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvkeep

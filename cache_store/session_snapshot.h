@@ -1,0 +1,65 @@
+// SessionSnapshot: everything a session is, as a plain value: per layer the
+// resident tokens' keys and values (in slot order), their positions, arrival
+// order, policy scores and history bits, the append count, the version and the
+// budget; the session's policy (by its registry spec), tenant and work so far.
+// A session restored from a snapshot, in any store serving the same layout,
+// answers every later call exactly as the original would have: the same
+// evictions, the same slot moves, the same versions (only page ids differ:
+// they belong to the new pool). It is the unit of a session transfer between
+// stores.
+//
+// Plain value; not thread-safe to share while being filled.
+#ifndef KVKEEP_CACHE_STORE_SESSION_SNAPSHOT_H_
+#define KVKEEP_CACHE_STORE_SESSION_SNAPSHOT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "cache_store/model_layout.h"
+#include "cache_store/policy_params.h"
+#include "cache_store/session_types.h"
+#include "cache_store/store_observer.h"
+
+namespace kvkeep {
+
+struct LayerSnapshot {
+  // Per slot, in slot order (dense: slots [0, resident)).
+  std::vector<int64_t> position;
+  std::vector<int64_t> arrival;
+  std::vector<float> score;
+  std::vector<uint64_t> history;  // empty unless the policy keeps history
+  int64_t appended = 0;           // tokens ever appended (arrival counter)
+  uint64_t version = 0;
+  int64_t budget = 0;
+  // [resident][kv_heads][head_dim] each, in the layout's dtype.
+  std::vector<std::byte> keys;
+  std::vector<std::byte> values;
+
+  int64_t resident() const { return static_cast<int64_t>(position.size()); }
+};
+
+struct SessionSnapshot {
+  SessionId id = 0;
+  std::string layout;  // the layout's name; its shape must match on restore
+  PolicySpec policy;
+  std::string tenant;
+  int64_t last_position = -1;  // the last position appended (-1: none)
+  bool compressed = false;     // snapkv: the prompt was compressed
+  SessionWork work;            // evictions and updates so far (times: zero)
+  std::vector<LayerSnapshot> layers;
+};
+
+// INVALID_ARGUMENT, naming the layer and field, unless `snapshot` is
+// internally consistent for `layout`: one layer each; per layer equal slot
+// counts, history either empty or per slot, keys and values exactly resident
+// tokens of the layout; distinct positions no greater than last_position;
+// distinct arrivals below `appended`; a version of at least 1.
+absl::Status ValidateSnapshot(const SessionSnapshot& snapshot,
+                              const ModelLayout& layout);
+
+}  // namespace kvkeep
+
+#endif  // KVKEEP_CACHE_STORE_SESSION_SNAPSHOT_H_
