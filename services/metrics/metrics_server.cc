@@ -1,6 +1,14 @@
 #include "services/metrics/metrics_server.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
 #include <exception>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -34,7 +42,31 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   }
   std::string bound = absl::StrCat(address.substr(0, colon), ":", ports[0]);
   return std::unique_ptr<MetricsServer>(
-      new MetricsServer(std::move(exposer), std::move(bound)));
+      new MetricsServer(std::move(exposer), std::move(bound), ports[0]));
+}
+
+MetricsServer::~MetricsServer() {
+  std::atomic<bool> stopped{false};
+  std::thread stopper([&] {
+    exposer_.reset();
+    stopped = true;
+  });
+  // Each connection makes the listener's poll return; it then sees the stop
+  // flag. Loopback works whatever address was bound (0.0.0.0 included); for
+  // another interface the stop simply takes the poll timeout.
+  while (!stopped) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0) {
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_port = htons(static_cast<uint16_t>(port_));
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+      close(fd);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  stopper.join();
 }
 
 }  // namespace kvkeep

@@ -24,6 +24,11 @@ class MetricsServer {
       const std::vector<std::shared_ptr<prometheus::Collectable>>&
           collectables);
 
+  // Stops serving. civetweb's listener notices a stop only when its poll
+  // returns (a 2 s timeout), so the destructor wakes it with connections
+  // rather than wait.
+  ~MetricsServer();
+
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;
 
@@ -32,11 +37,14 @@ class MetricsServer {
 
  private:
   MetricsServer(std::unique_ptr<prometheus::Exposer> exposer,
-                std::string address)
-      : exposer_(std::move(exposer)), address_(std::move(address)) {}
+                std::string address, int port)
+      : exposer_(std::move(exposer)),
+        address_(std::move(address)),
+        port_(port) {}
 
-  const std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
   const std::string address_;
+  const int port_;
 };
 
 }  // namespace kvkeep
