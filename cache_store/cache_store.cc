@@ -144,6 +144,88 @@ absl::StatusOr<SessionSnapshot> CacheStore::ExportSession(SessionId id) {
 
 absl::StatusOr<SessionId> CacheStore::ImportSession(
     const SessionSnapshot& snapshot) {
+  SessionSnapshot metadata = snapshot;
+  for (LayerSnapshot& l : metadata.layers) {
+    l.keys.clear();
+    l.values.clear();
+  }
+  // The sizes are checked here, where the bytes are: a short layer must not
+  // pass as "metadata only".
+  absl::StatusOr<const Pool*> pool = FindPool(snapshot.layout);
+  if (!pool.ok()) return pool.status();
+  if (absl::Status s = ValidateSnapshot(snapshot, (*pool)->layout); !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<std::unique_ptr<PendingImport>> pending =
+      PrepareImport(std::move(metadata));
+  if (!pending.ok()) return pending.status();
+  for (size_t l = 0; l < snapshot.layers.size(); ++l) {
+    if (absl::Status s =
+            (*pending)->Write(static_cast<int32_t>(l), snapshot.layers[l].keys,
+                              snapshot.layers[l].values);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return CommitImport(*std::move(pending));
+}
+
+absl::StatusOr<SessionSnapshot> CacheStore::FreezeForTransfer(SessionId id) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("session ", SessionName(id), " not found"));
+    }
+    if (it->second->transferring.exchange(true)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "session ", SessionName(id), " is already being transferred"));
+    }
+  }
+  // An operation that began before the freeze finishes first (the lock).
+  absl::StatusOr<SessionSnapshot> snapshot = ExportSession(id);
+  if (!snapshot.ok()) {
+    FinishTransfer(id, /*committed=*/false).IgnoreError();
+  }
+  return snapshot;
+}
+
+absl::Status CacheStore::FinishTransfer(SessionId id, bool committed) {
+  absl::StatusOr<std::shared_ptr<Entry>> entry = Find(id);
+  if (!entry.ok()) return entry.status();
+  if (!(*entry)->transferring) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session ", SessionName(id), " is not being transferred"));
+  }
+  if (committed) return Close(id, /*transferred=*/true);
+  (*entry)->transferring = false;
+  return absl::OkStatus();
+}
+
+absl::Status CacheStore::PendingImport::Write(
+    int32_t layer, std::span<const std::byte> keys,
+    std::span<const std::byte> values) {
+  if (layer < 0 || layer >= static_cast<int32_t>(written_.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session ", SessionName(id()), ": no layer ", layer));
+  }
+  const int64_t token_bytes = session_->layout().page_layout().token_bytes();
+  absl::Status s = session_->WriteSlots(layer, written_[layer], keys, values);
+  if (!s.ok()) return s;
+  written_[layer] += static_cast<int64_t>(keys.size()) / token_bytes;
+  return absl::OkStatus();
+}
+
+bool CacheStore::PendingImport::complete() const {
+  for (size_t l = 0; l < written_.size(); ++l) {
+    if (written_[l] != snapshot_.layers[l].resident()) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<std::unique_ptr<CacheStore::PendingImport>>
+CacheStore::PrepareImport(SessionSnapshot snapshot) {
   if (snapshot.id == 0) {
     return absl::InvalidArgumentError("a session snapshot needs an id");
   }
@@ -151,31 +233,42 @@ absl::StatusOr<SessionId> CacheStore::ImportSession(
   if (!pool.ok()) return pool.status();
   absl::StatusOr<PolicyPtr> policy = NewPolicy(snapshot.policy);
   if (!policy.ok()) return policy.status();
-  auto taken = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
-    if (!sessions_.contains(snapshot.id)) return absl::OkStatus();
-    return absl::AlreadyExistsError(absl::StrCat(
-        "session ", SessionName(snapshot.id), " already exists here"));
-  };
   std::shared_ptr<PageQuota> quota;
   {
     absl::MutexLock lock(&mu_);
-    if (absl::Status s = taken(); !s.ok()) return s;
+    if (sessions_.contains(snapshot.id)) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "session ", SessionName(snapshot.id), " already exists here"));
+    }
     absl::StatusOr<std::shared_ptr<PageQuota>> q = Admit(snapshot.tenant);
     if (!q.ok()) return q.status();
     quota = *std::move(q);
   }
-  // The pages are taken and written outside the store's lock: other sessions
-  // keep working while a large session arrives.
-  absl::StatusOr<std::unique_ptr<Session>> session =
-      Session::Restore(snapshot.id, (*pool)->layout, (*pool)->pages.get(),
-                       *std::move(policy), snapshot, quota);
+  // Pages are reserved outside the store's lock.
+  absl::StatusOr<std::unique_ptr<Session>> session = Session::Restore(
+      snapshot.id, (*pool)->layout, (*pool)->pages.get(), *std::move(policy),
+      snapshot, quota, /*bytes_follow=*/true);
   if (!session.ok()) return session.status();
+  return std::unique_ptr<PendingImport>(
+      new PendingImport(std::move(snapshot), *std::move(session)));
+}
+
+absl::StatusOr<SessionId> CacheStore::CommitImport(
+    std::unique_ptr<PendingImport> pending) {
+  if (!pending->complete()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session ", SessionName(pending->id()),
+                     ": not every layer's keys and values have arrived"));
+  }
+  const SessionSnapshot& snapshot = pending->snapshot_;
   absl::MutexLock lock(&mu_);
-  // Checked again: another import or create may have come in between (a
-  // refused session's pages go back as it is destroyed).
-  if (absl::Status s = taken(); !s.ok()) return s;
+  // Checked again: another import or create may have come in between.
+  if (sessions_.contains(snapshot.id)) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "session ", SessionName(snapshot.id), " already exists here"));
+  }
   if (absl::Status s = Admit(snapshot.tenant).status(); !s.ok()) return s;
-  Register(*std::move(session), snapshot.tenant, snapshot.policy, "");
+  Register(std::move(pending->session_), snapshot.tenant, snapshot.policy, "");
   return snapshot.id;
 }
 
@@ -213,8 +306,14 @@ auto CacheStore::WithSession(SessionId id, Fn fn)
 template <typename Fn>
 auto CacheStore::Work(SessionId id, StoreOperation op, Fn fn)
     -> decltype(fn(std::declval<Session&>())) {
-  if (options_.observer == nullptr) return WithSession(id, fn);
   return WithEntry(id, [&](const Entry& entry, Session& session) {
+    if (entry.transferring) {
+      return decltype(fn(session))(absl::UnavailableError(absl::StrCat(
+          "session ", SessionName(entry.info.id),
+          " is being transferred to another store; it takes no changes "
+          "until the transfer is done")));
+    }
+    if (options_.observer == nullptr) return fn(session);
     const SessionWork before = session.work();
     const auto start = std::chrono::steady_clock::now();
     auto result = fn(session);
@@ -237,6 +336,10 @@ auto CacheStore::Work(SessionId id, StoreOperation op, Fn fn)
 }
 
 absl::Status CacheStore::CloseSession(SessionId id) {
+  return Close(id, /*transferred=*/false);
+}
+
+absl::Status CacheStore::Close(SessionId id, bool transferred) {
   std::shared_ptr<Entry> entry;
   {
     absl::MutexLock lock(&mu_);
@@ -244,6 +347,12 @@ absl::Status CacheStore::CloseSession(SessionId id) {
     if (it == sessions_.end()) {
       return absl::NotFoundError(
           absl::StrCat("session ", SessionName(id), " not found"));
+    }
+    if (it->second->transferring && !transferred) {
+      return absl::UnavailableError(
+          absl::StrCat("session ", SessionName(id),
+                       " is being transferred to another store; retry once "
+                       "the transfer is done"));
     }
     entry = std::move(it->second);
     sessions_.erase(it);

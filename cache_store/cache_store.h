@@ -8,6 +8,7 @@
 #ifndef KVKEEP_CACHE_STORE_CACHE_STORE_H_
 #define KVKEEP_CACHE_STORE_CACHE_STORE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -86,6 +87,52 @@ class CacheStore {
   // without the store's lock held, so other sessions are not held up.
   absl::StatusOr<SessionId> ImportSession(const SessionSnapshot& snapshot);
 
+  // A session transfer between stores, in two phases on each side (the
+  // transport that moves the bytes is the service's).
+  //
+  // Out: FreezeForTransfer stops the session changing (every operation that
+  // would change it, and CloseSession, gets UNAVAILABLE naming the transfer;
+  // reads still work) and returns its snapshot; FinishTransfer then closes it
+  // (committed: the target holds it now) or thaws it, unchanged (aborted).
+  // NOT_FOUND for an unknown session; FAILED_PRECONDITION if it is already
+  // being transferred (Freeze) or is not (Finish).
+  absl::StatusOr<SessionSnapshot> FreezeForTransfer(SessionId id);
+  absl::Status FinishTransfer(SessionId id, bool committed);
+
+  // In: PrepareImport checks a snapshot that carries no keys and values
+  // (ValidateSnapshot with bytes_follow), the id and the limits, and reserves
+  // every page it needs, so a full pool says RESOURCE_EXHAUSTED before any
+  // byte moves. The bytes are then written layer by layer, in slot order;
+  // CommitImport makes the session visible once all have come. Destroying a
+  // PendingImport before committing frees everything it reserved.
+  class PendingImport {
+   public:
+    SessionId id() const { return snapshot_.id; }
+    // The next `keys.size() / token bytes` slots of `layer`:
+    // INVALID_ARGUMENT out of order, past the layer's slots, or with
+    // mismatched sizes.
+    absl::Status Write(int32_t layer, std::span<const std::byte> keys,
+                       std::span<const std::byte> values);
+    bool complete() const;
+
+   private:
+    friend class CacheStore;
+    PendingImport(SessionSnapshot snapshot, std::unique_ptr<Session> session)
+        : snapshot_(std::move(snapshot)),
+          session_(std::move(session)),
+          written_(snapshot_.layers.size(), 0) {}
+    SessionSnapshot snapshot_;  // metadata only
+    std::unique_ptr<Session> session_;
+    std::vector<int64_t> written_;  // per layer: slots written so far
+  };
+  absl::StatusOr<std::unique_ptr<PendingImport>> PrepareImport(
+      SessionSnapshot snapshot);
+  // ALREADY_EXISTS if the id was taken meanwhile; FAILED_PRECONDITION if a
+  // layer's bytes are missing; RESOURCE_EXHAUSTED past max_sessions or the
+  // tenant's session limit. On any failure the reservation is freed.
+  absl::StatusOr<SessionId> CommitImport(
+      std::unique_ptr<PendingImport> pending);
+
   // The session operations (see Session); NOT_FOUND for an unknown session.
   absl::StatusOr<StepResult> Append(SessionId id, const AppendRequest& request);
   absl::StatusOr<StepResult> UpdateScores(SessionId id,
@@ -118,6 +165,10 @@ class CacheStore {
     const std::string idempotency_key;
     absl::Mutex mu;
     std::unique_ptr<Session> session ABSL_GUARDED_BY(mu);
+    // Set under the store's lock by FreezeForTransfer, cleared by
+    // FinishTransfer; read by operations under `mu` and by CloseSession
+    // under the store's lock.
+    std::atomic<bool> transferring{false};
   };
   struct Pool {
     ModelLayout layout;
@@ -131,6 +182,8 @@ class CacheStore {
 
   explicit CacheStore(const StoreOptions& options) : options_(options) {}
   absl::StatusOr<const Pool*> FindPool(const std::string& layout) const;
+  // CloseSession; `transferred` closes a frozen session too.
+  absl::Status Close(SessionId id, bool transferred);
   // Whether one more session of `tenant` fits max_sessions and the tenant's
   // session limit (a refusal is counted against the tenant); its quota.
   absl::StatusOr<std::shared_ptr<PageQuota>> Admit(const std::string& tenant)

@@ -129,8 +129,12 @@ Session::Session(SessionId id, const ModelLayout& layout, PagePool* pool,
 
 absl::StatusOr<std::unique_ptr<Session>> Session::Restore(
     SessionId id, const ModelLayout& layout, PagePool* pool, PolicyPtr policy,
-    const SessionSnapshot& snapshot, std::shared_ptr<PageQuota> quota) {
-  if (absl::Status s = ValidateSnapshot(snapshot, layout); !s.ok()) return s;
+    const SessionSnapshot& snapshot, std::shared_ptr<PageQuota> quota,
+    bool bytes_follow) {
+  if (absl::Status s = ValidateSnapshot(snapshot, layout, bytes_follow);
+      !s.ok()) {
+    return s;
+  }
   std::vector<int64_t> budgets;
   for (const LayerSnapshot& l : snapshot.layers) {
     budgets.push_back(l.budget);
@@ -152,8 +156,6 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Restore(
   }
   std::vector<PageId> fresh;
   if (absl::Status st = s.AllocatePages(pages, &fresh); !st.ok()) return st;
-  const int64_t token_bytes = s.page_layout_.token_bytes();
-  std::byte* arena = pool->data();
   size_t next = 0;
   for (size_t l = 0; l < snapshot.layers.size(); ++l) {
     const LayerSnapshot& from = snapshot.layers[l];
@@ -164,14 +166,19 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Restore(
     to.history = from.history;
     to.appended = from.appended;
     to.version = from.version;
-    for (int64_t slot = 0; slot < from.resident(); ++slot) {
-      if (slot % layout.page_tokens == 0) to.pages.push_back(fresh[next++]);
-      const PageId page = to.pages.back();
-      const int32_t in_page = static_cast<int32_t>(slot % layout.page_tokens);
-      std::memcpy(arena + s.page_layout_.key_offset(page, in_page),
-                  from.keys.data() + slot * token_bytes, token_bytes);
-      std::memcpy(arena + s.page_layout_.value_offset(page, in_page),
-                  from.values.data() + slot * token_bytes, token_bytes);
+    const int64_t pages_needed = CeilDiv(from.resident(), layout.page_tokens);
+    for (int64_t p = 0; p < pages_needed; ++p) {
+      to.pages.push_back(fresh[next++]);
+    }
+  }
+  if (!bytes_follow) {
+    for (size_t l = 0; l < snapshot.layers.size(); ++l) {
+      const LayerSnapshot& from = snapshot.layers[l];
+      if (absl::Status st =
+              s.WriteSlots(static_cast<int32_t>(l), 0, from.keys, from.values);
+          !st.ok()) {
+        return st;
+      }
     }
   }
   s.last_position_ = snapshot.last_position;
@@ -180,6 +187,33 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Restore(
   s.work_.scoring_time = absl::ZeroDuration();
   s.work_.eviction_time = absl::ZeroDuration();
   return session;
+}
+
+absl::Status Session::WriteSlots(int32_t index, int64_t first,
+                                 std::span<const std::byte> keys,
+                                 std::span<const std::byte> values) {
+  if (absl::Status s = CheckLayerIndex(index); !s.ok()) return s;
+  Layer& layer = layers_[index];
+  const int64_t token_bytes = page_layout_.token_bytes();
+  const int64_t n = static_cast<int64_t>(keys.size()) / token_bytes;
+  if (static_cast<int64_t>(keys.size()) != n * token_bytes ||
+      values.size() != keys.size() || first < 0 || first + n > layer.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session ", SessionName(id_), ": layer ", index, ": ", keys.size(),
+        " key and ", values.size(), " value bytes at slot ", first,
+        " do not fit its ", layer.size(), " slots of ", token_bytes, " bytes"));
+  }
+  std::byte* arena = pool_->data();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t slot = first + i;
+    const PageId page = layer.pages[slot / layout_.page_tokens];
+    const int32_t in_page = static_cast<int32_t>(slot % layout_.page_tokens);
+    std::memcpy(arena + page_layout_.key_offset(page, in_page),
+                keys.data() + i * token_bytes, token_bytes);
+    std::memcpy(arena + page_layout_.value_offset(page, in_page),
+                values.data() + i * token_bytes, token_bytes);
+  }
+  return absl::OkStatus();
 }
 
 SessionSnapshot Session::Snapshot() const {

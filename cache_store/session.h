@@ -41,10 +41,18 @@ class Session {
   // RESOURCE_EXHAUSTED (nothing held) when the pool or quota cannot give its
   // pages. The snapshot's id, layout name, policy spec and tenant are the
   // caller's business.
+  // With `bytes_follow` the snapshot carries no keys and values: the pages
+  // are taken but hold nothing meaningful until WriteSlots fills them.
   static absl::StatusOr<std::unique_ptr<Session>> Restore(
       SessionId id, const ModelLayout& layout, PagePool* pool, PolicyPtr policy,
       const SessionSnapshot& snapshot,
-      std::shared_ptr<PageQuota> quota = nullptr);
+      std::shared_ptr<PageQuota> quota = nullptr, bool bytes_follow = false);
+  // Writes the keys and values of slots [first, first + n) of `layer`
+  // ([n][kv_heads][head_dim] each, the layout's dtype). INVALID_ARGUMENT for
+  // a layer or slot range outside the resident tokens or mismatched sizes.
+  absl::Status WriteSlots(int32_t layer, int64_t first,
+                          std::span<const std::byte> keys,
+                          std::span<const std::byte> values);
   ~Session();  // returns every page to the pool
 
   Session(const Session&) = delete;

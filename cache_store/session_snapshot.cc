@@ -8,7 +8,7 @@
 namespace kvkeep {
 
 absl::Status ValidateSnapshot(const SessionSnapshot& snapshot,
-                              const ModelLayout& layout) {
+                              const ModelLayout& layout, bool bytes_follow) {
   auto bad = [&](size_t layer, absl::string_view what) {
     return absl::InvalidArgumentError(
         absl::StrCat("session snapshot ", SessionName(snapshot.id), ": layer ",
@@ -30,11 +30,14 @@ absl::Status ValidateSnapshot(const SessionSnapshot& snapshot,
     if (!s.history.empty() && s.history.size() != n) {
       return bad(l, "history is neither empty nor one entry per slot");
     }
-    if (static_cast<int64_t>(s.keys.size()) !=
-            static_cast<int64_t>(n) * token_bytes ||
+    const int64_t bytes =
+        bytes_follow ? 0 : static_cast<int64_t>(n) * token_bytes;
+    if (static_cast<int64_t>(s.keys.size()) != bytes ||
         s.values.size() != s.keys.size()) {
-      return bad(l, absl::StrCat("keys and values must hold ", n, " tokens of ",
-                                 token_bytes, " bytes"));
+      return bad(l, bytes_follow
+                        ? std::string("keys and values must come later")
+                        : absl::StrCat("keys and values must hold ", n,
+                                       " tokens of ", token_bytes, " bytes"));
     }
     if (s.version < 1) return bad(l, "version must be at least 1");
     if (s.budget < 0) return bad(l, "negative budget");

@@ -57,8 +57,11 @@ struct SessionSnapshot {
 // counts, history either empty or per slot, keys and values exactly resident
 // tokens of the layout; distinct positions no greater than last_position;
 // distinct arrivals below `appended`; a version of at least 1.
+// With `bytes_follow`, every layer's keys and values must be empty instead
+// (the bytes are written later: CacheStore::PrepareImport).
 absl::Status ValidateSnapshot(const SessionSnapshot& snapshot,
-                              const ModelLayout& layout);
+                              const ModelLayout& layout,
+                              bool bytes_follow = false);
 
 }  // namespace kvkeep
 

@@ -3,7 +3,10 @@
 // the same slots with the same versions, and answers the next steps exactly
 // as the original does: the same evictions, moves, versions and stats, for
 // every policy. A refused import (taken id, full pool, bad snapshot) holds
-// nothing.
+// nothing. The two-phase transfer: a frozen session takes no changes until
+// the transfer is committed (closed) or aborted (thawed, unchanged); an
+// import reserves its pages before any byte arrives and frees them unless
+// committed.
 #include "cache_store/session_snapshot.h"
 
 #include <cstdint>
@@ -288,6 +291,127 @@ TEST(SnapshotImportTest, RefusedImportsHoldNothing) {
   EXPECT_TRUE(b->ListSessions().empty());
   // And the good one still goes in.
   EXPECT_TRUE(b->ImportSession(snapshot).ok());
+}
+
+SessionId OpenH2O(CacheStore& store, int steps) {
+  SessionSpec spec{"snap", {"h2o", {{"recent", "4"}}}, {}};
+  spec.budget.tokens = 16;
+  const SessionId id = *store.CreateSession(spec);
+  Driver driver(21);
+  for (int64_t p = 0; p < steps; ++p) {
+    EXPECT_TRUE(driver.Step(store, id, p, true).ok());
+  }
+  return id;
+}
+
+TEST(TransferFreezeTest, AFrozenSessionTakesNoChangesUntilTheTransferEnds) {
+  std::unique_ptr<CacheStore> store = MakeStore(512);
+  const SessionId id = OpenH2O(*store, 30);
+  const LayerKvCopy before = *store->ReadLayer(id, 1);
+  absl::StatusOr<SessionSnapshot> snapshot = store->FreezeForTransfer(id);
+  ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+  EXPECT_EQ(snapshot->layers[1].position, before.positions);
+
+  Driver driver(5);
+  const absl::Status step = driver.Step(*store, id, 100, true).status();
+  EXPECT_EQ(step.code(), absl::StatusCode::kUnavailable) << step;
+  EXPECT_THAT(std::string(step.message()), HasSubstr("being transferred"));
+  EXPECT_EQ(store->CloseSession(id).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(store->FreezeForTransfer(id).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(store->GetStats(id).ok());  // reads still work
+  EXPECT_TRUE(store->GetBlockTable(id, 0).ok());
+
+  // Aborted: the session serves again, exactly as it was.
+  ASSERT_TRUE(store->FinishTransfer(id, /*committed=*/false).ok());
+  const LayerKvCopy after = *store->ReadLayer(id, 1);
+  EXPECT_EQ(after.positions, before.positions);
+  EXPECT_TRUE(after.keys == before.keys);
+  EXPECT_TRUE(driver.Step(*store, id, 100, true).ok());
+  EXPECT_EQ(store->FinishTransfer(id, true).code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  // Committed: the session is gone from here, its pages with it.
+  ASSERT_TRUE(store->FreezeForTransfer(id).ok());
+  ASSERT_TRUE(store->FinishTransfer(id, /*committed=*/true).ok());
+  EXPECT_EQ(store->GetStats(id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store->Layouts()[0].pool.used_pages, 0);
+  EXPECT_EQ(store->FreezeForTransfer(id).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+// The metadata of a snapshot, without its bytes (what a transfer sends
+// first).
+SessionSnapshot Metadata(SessionSnapshot s) {
+  for (LayerSnapshot& l : s.layers) {
+    l.keys.clear();
+    l.values.clear();
+  }
+  return s;
+}
+
+TEST(PendingImportTest, PagesAreReservedFirstAndFreedUnlessCommitted) {
+  std::unique_ptr<CacheStore> source = MakeStore(512);
+  const SessionId id = OpenH2O(*source, 30);
+  const SessionSnapshot snapshot = *source->ExportSession(id);
+  const int64_t pages = source->GetStats(id)->pages;
+
+  // Too small a pool says so before any byte moves.
+  std::unique_ptr<CacheStore> small = MakeStore(pages - 1);
+  EXPECT_EQ(small->PrepareImport(Metadata(snapshot)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(small->Layouts()[0].pool.used_pages, 0);
+  // Bytes in what should be metadata only.
+  std::unique_ptr<CacheStore> target = MakeStore(512);
+  EXPECT_EQ(target->PrepareImport(snapshot).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  {
+    // Reserved, invisible, then dropped: everything goes back.
+    absl::StatusOr<std::unique_ptr<CacheStore::PendingImport>> pending =
+        target->PrepareImport(Metadata(snapshot));
+    ASSERT_TRUE(pending.ok()) << pending.status();
+    EXPECT_EQ(target->Layouts()[0].pool.used_pages, pages);
+    EXPECT_TRUE(target->ListSessions().empty());
+  }
+  EXPECT_EQ(target->Layouts()[0].pool.used_pages, 0);
+
+  // Incomplete: the commit is refused and frees the reservation.
+  absl::StatusOr<std::unique_ptr<CacheStore::PendingImport>> partial =
+      target->PrepareImport(Metadata(snapshot));
+  ASSERT_TRUE(partial.ok());
+  ASSERT_TRUE((*partial)
+                  ->Write(0, snapshot.layers[0].keys, snapshot.layers[0].values)
+                  .ok());
+  EXPECT_EQ(target->CommitImport(*std::move(partial)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(target->Layouts()[0].pool.used_pages, 0);
+
+  // In chunks of 5 slots, in order: committed, identical to the source.
+  absl::StatusOr<std::unique_ptr<CacheStore::PendingImport>> pending =
+      target->PrepareImport(Metadata(snapshot));
+  ASSERT_TRUE(pending.ok());
+  const int64_t token_bytes = Layout().page_layout().token_bytes();
+  for (int32_t l = 0; l < 3; ++l) {
+    const LayerSnapshot& layer = snapshot.layers[l];
+    for (int64_t slot = 0; slot < layer.resident(); slot += 5) {
+      const int64_t n = std::min<int64_t>(5, layer.resident() - slot);
+      const std::span<const std::byte> keys(
+          layer.keys.data() + slot * token_bytes, n * token_bytes);
+      const std::span<const std::byte> values(
+          layer.values.data() + slot * token_bytes, n * token_bytes);
+      ASSERT_TRUE((*pending)->Write(l, keys, values).ok());
+    }
+    // Past the layer's slots.
+    EXPECT_EQ((*pending)
+                  ->Write(l, std::span(layer.keys).first(token_bytes),
+                          std::span(layer.values).first(token_bytes))
+                  .code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_TRUE((*pending)->complete());
+  ASSERT_TRUE(target->CommitImport(*std::move(pending)).ok());
+  ExpectSameContents(*source, id, *target, id);
 }
 
 }  // namespace
