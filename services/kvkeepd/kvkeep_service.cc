@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <optional>
+#include <thread>
 #include <utility>
 
+#include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cache_store/policy_registry.h"
@@ -551,6 +554,133 @@ KvKeepService::Decode(grpc::CallbackServerContext* ctx) {
 grpc::ServerWriteReactor<v1::KvChunk>* KvKeepService::ReadKv(
     grpc::CallbackServerContext* ctx, const v1::ReadKvRequest* req) {
   return new ReadKvReactor(this, ctx, req);
+}
+
+}  // namespace kvkeep
+
+namespace kvkeep {
+
+KvKeepService::~KvKeepService() {
+  absl::MutexLock lock(&transfers_mu_);
+  transfers_mu_.Await(absl::Condition(
+      +[](int64_t* n) { return *n == 0; }, &sending_));
+}
+
+grpc::ServerUnaryReactor* KvKeepService::TransferSession(
+    grpc::CallbackServerContext* ctx, const v1::TransferSessionRequest* req,
+    v1::TransferSessionResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::StatusOr<SessionId> id = CallerSession(*ctx, req->session_id());
+  if (!id.ok()) {
+    reactor->Finish(Finish("TransferSession", id.status()));
+    return reactor;
+  }
+  if (req->target().empty()) {
+    reactor->Finish(Finish("TransferSession",
+                           absl::InvalidArgumentError(
+                               "TransferSession needs a target host:port")));
+    return reactor;
+  }
+  const absl::Time deadline = absl::FromChrono(ctx->deadline());
+  {
+    absl::MutexLock lock(&transfers_mu_);
+    ++sending_;
+  }
+  std::thread([this, id = *id, request = *req, deadline, reactor, resp] {
+    RunTransfer(id, request, deadline, reactor, resp);
+    absl::MutexLock lock(&transfers_mu_);
+    --sending_;
+  }).detach();
+  return reactor;
+}
+
+void KvKeepService::RunTransfer(SessionId id,
+                                v1::TransferSessionRequest request,
+                                absl::Time deadline,
+                                grpc::ServerUnaryReactor* reactor,
+                                v1::TransferSessionResponse* response) {
+  const absl::Time start = absl::Now();
+  std::string transfer_id = request.transfer_id();
+  if (transfer_id.empty()) {
+    absl::BitGen rng;
+    transfer_id = absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(rng),
+                                  absl::Uniform<uint64_t>(rng));
+  }
+  auto fail = [&](const absl::Status& s) {
+    reactor->Finish(Finish("TransferSession", s));
+  };
+  // Phase 1 here: freeze (or resume a transfer whose commit was in doubt).
+  absl::StatusOr<SessionSnapshot> snapshot;
+  {
+    absl::MutexLock lock(&transfers_mu_);
+    auto it = outgoing_.find(id);
+    if (it != outgoing_.end()) {
+      if (it->second.running || it->second.transfer_id != transfer_id) {
+        fail(absl::FailedPreconditionError(absl::StrCat(
+            "session ", SessionName(id), " is being transferred (transfer ",
+            it->second.transfer_id, ")")));
+        return;
+      }
+      it->second.running = true;
+      snapshot = store_->ExportSession(id);
+    } else {
+      snapshot = store_->FreezeForTransfer(id);
+      if (snapshot.ok()) outgoing_[id] = Outgoing{transfer_id, true};
+    }
+  }
+  if (!snapshot.ok()) {
+    fail(snapshot.status());
+    return;
+  }
+  SendOptions options;
+  options.target = request.target();
+  options.target_token = request.target_token();
+  options.transfer_id = transfer_id;
+  options.deadline = deadline;
+  options.max_message_bytes = options_.max_message_bytes;
+  options.chunk_bytes =
+      std::min<int64_t>(4 << 20, options_.max_message_bytes / 2);
+  options.fault = options_.transfer_fault;
+  const SendResult sent = SendSession(*snapshot, options);
+
+  absl::MutexLock lock(&transfers_mu_);
+  if (sent.status.ok()) {
+    outgoing_.erase(id);
+    store_->FinishTransfer(id, /*committed=*/true).IgnoreError();
+    response->set_session_id(SessionName(id));
+    response->set_transfer_id(transfer_id);
+    response->set_transport("host");
+    response->set_bytes(sent.bytes);
+    response->set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+    LogEvent("transfer", absl::StrCat("session=", SessionName(id), " target=",
+                                      request.target(), " bytes=", sent.bytes));
+    reactor->Finish(grpc::Status::OK);
+    return;
+  }
+  if (!sent.in_doubt) {
+    // Nothing was committed: the session serves here again, unchanged.
+    outgoing_.erase(id);
+    store_->FinishTransfer(id, /*committed=*/false).IgnoreError();
+    fail(absl::Status(sent.status.code(),
+                      absl::StrCat("session ", SessionName(id),
+                                   " stays here: ", sent.status.message())));
+    return;
+  }
+  outgoing_[id].running = false;
+  fail(absl::UnavailableError(absl::StrCat(
+      "session ", SessionName(id), ": the answer to the commit was lost (",
+      sent.status.message(),
+      "); the session stays frozen here until "
+      "TransferSession is retried with transfer_id ",
+      transfer_id)));
+}
+
+grpc::ServerBidiReactor<v1::TransferMessage, v1::TransferReply>*
+KvKeepService::ReceiveSession(grpc::CallbackServerContext* ctx) {
+  return NewReceiveReactor(
+      store_, &transfer_log_, ctx,
+      [this](const grpc::CallbackServerContext& c) { return Authenticate(c); },
+      !options_.tenants_by_token.empty());
 }
 
 }  // namespace kvkeep

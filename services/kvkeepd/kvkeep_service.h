@@ -8,14 +8,19 @@
 #ifndef KVKEEP_SERVICES_KVKEEPD_KVKEEP_SERVICE_H_
 #define KVKEEP_SERVICES_KVKEEPD_KVKEEP_SERVICE_H_
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "cache_store/cache_store.h"
 #include "kvkeep/v1/kvkeep.grpc.pb.h"
+#include "services/kvkeepd/session_transfer.h"
 
 namespace kvkeep {
 
@@ -27,6 +32,8 @@ struct ServiceOptions {
   int64_t max_message_bytes = 64 << 20;  // in ServerInfo; bounds ReadKv chunks
   std::string backend = "host";
   bool log_events = false;  // a line on stderr per create/close and error
+  // Test-only: changes a TransferSession chunk after its checksum is made.
+  std::function<void(int64_t chunk, v1::TransferChunk&)> transfer_fault;
 };
 
 class KvKeepService final : public v1::KvKeep::CallbackService {
@@ -65,6 +72,15 @@ class KvKeepService final : public v1::KvKeep::CallbackService {
       v1::GetBlockTablesResponse* resp) override;
   grpc::ServerWriteReactor<v1::KvChunk>* ReadKv(
       grpc::CallbackServerContext* ctx, const v1::ReadKvRequest* req) override;
+  grpc::ServerUnaryReactor* TransferSession(
+      grpc::CallbackServerContext* ctx, const v1::TransferSessionRequest* req,
+      v1::TransferSessionResponse* resp) override;
+  grpc::ServerBidiReactor<v1::TransferMessage, v1::TransferReply>*
+  ReceiveSession(grpc::CallbackServerContext* ctx) override;
+
+  // Waits for transfers still sending (their calls have been answered, or
+  // the server is shutting down).
+  ~KvKeepService() override;
 
   // The caller's tenant: UNAUTHENTICATED without a valid bearer token when
   // tokens are configured.
@@ -91,8 +107,26 @@ class KvKeepService final : public v1::KvKeep::CallbackService {
                                   absl::string_view method,
                                   const std::function<absl::Status()>& fn);
 
+  // Runs one TransferSession on its own thread (it is a client of the
+  // target for as long as the bytes take).
+  void RunTransfer(SessionId id, v1::TransferSessionRequest request,
+                   absl::Time deadline, grpc::ServerUnaryReactor* reactor,
+                   v1::TransferSessionResponse* response);
+
   CacheStore* const store_;
   const ServiceOptions options_;
+  TransferLog transfer_log_;  // transfers committed here as the target
+  absl::Mutex transfers_mu_;
+  // Sessions being sent: their transfer id, and whether a send is running
+  // (not running: the commit's outcome is unknown; a retry with the same id
+  // finishes it).
+  struct Outgoing {
+    std::string transfer_id;
+    bool running = false;
+  };
+  absl::flat_hash_map<SessionId, Outgoing> outgoing_
+      ABSL_GUARDED_BY(transfers_mu_);
+  int64_t sending_ ABSL_GUARDED_BY(transfers_mu_) = 0;  // threads running
 };
 
 }  // namespace kvkeep

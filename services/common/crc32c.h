@@ -1,0 +1,23 @@
+// CRC32C (Castagnoli, polynomial 0x1EDC6F41, reflected; the checksum of
+// iSCSI, ext4 and gRPC's own framing): what every chunk of a session
+// transfer carries so the receiver can prove the bytes arrived as sent.
+// Uses the SSE4.2 crc32 instruction when the CPU has it, a table otherwise;
+// both give the same values. Thread-safe.
+#ifndef KVKEEP_SERVICES_COMMON_CRC32C_H_
+#define KVKEEP_SERVICES_COMMON_CRC32C_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace kvkeep {
+
+// Extends `crc` (0 to start) over `data`: Crc32c(Crc32c(0, a), b) ==
+// Crc32c(0, a + b). Crc32c(0, "123456789") == 0xE3069283.
+uint32_t Crc32c(uint32_t crc, std::span<const std::byte> data);
+// The table version, for tests and CPUs without SSE4.2.
+uint32_t Crc32cPortable(uint32_t crc, std::span<const std::byte> data);
+
+}  // namespace kvkeep
+
+#endif  // KVKEEP_SERVICES_COMMON_CRC32C_H_

@@ -1,0 +1,313 @@
+// TransferSession over the host transport, between real kvkeepd gRPC
+// servers in one process (each with its own store and port): a session
+// moves with every byte, version and score, and then decodes exactly as it
+// would have where it was; when the target is full or unreachable, a chunk
+// is corrupted or the deadline passes, the session stays on the source,
+// unchanged and serving, and the target holds no page; a session being sent
+// takes no changes.
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "cache_store/cache_store.h"
+#include "gmock/gmock.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "gtest/gtest.h"
+#include "services/client/kvkeep_client.h"
+#include "services/kvkeepd/kvkeep_service.h"
+#include "tests/service/metrics_testing.h"
+
+namespace kvkeep {
+namespace {
+
+using ::testing::HasSubstr;
+
+ModelLayout Layout() {
+  ModelLayout l;
+  l.name = "m";
+  l.num_layers = 2;
+  l.kv_heads = 2;
+  l.query_heads = 4;
+  l.head_dim = 8;
+  l.dtype = DType::kF32;
+  l.page_tokens = 4;
+  return l;
+}
+
+// A store and its service on a loopback port.
+class Store {
+ public:
+  explicit Store(int64_t pages, ServiceOptions options = {}) {
+    StoreOptions store_options;
+    store_options.pools.push_back(PoolSpec{Layout(), pages});
+    store_ = *CacheStore::Create(store_options);
+    service_ =
+        std::make_unique<KvKeepService>(store_.get(), std::move(options));
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                             &port);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    address_ = absl::StrCat("127.0.0.1:", port);
+    client::ClientOptions client_options;
+    client_options.address = address_;
+    client_ = std::make_unique<client::KvKeepClient>(
+        *client::KvKeepClient::Connect(client_options));
+  }
+  ~Store() { Stop(); }
+  void Stop() {
+    if (server_ != nullptr) {
+      server_->Shutdown();
+      server_->Wait();
+      server_.reset();
+    }
+  }
+
+  CacheStore& store() { return *store_; }
+  const std::string& address() const { return address_; }
+  client::KvKeepClient& client() { return *client_; }
+  int64_t used_pages() { return store_->Layouts()[0].pool.used_pages; }
+
+ private:
+  std::unique_ptr<CacheStore> store_;
+  std::unique_ptr<KvKeepService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  std::unique_ptr<client::KvKeepClient> client_;
+};
+
+grpc::Status Transfer(Store& from, const std::string& session,
+                      const std::string& target,
+                      v1::TransferSessionResponse* out,
+                      const std::string& transfer_id = "",
+                      absl::Duration deadline = absl::Seconds(60)) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  v1::TransferSessionRequest request;
+  request.set_session_id(session);
+  request.set_target(target);
+  request.set_transfer_id(transfer_id);
+  return from.client().stub().TransferSession(&ctx, request, out);
+}
+
+// A session of `policy` on `store` after 40 decode steps with queries.
+client::Session Decoded(Store& store, const std::string& policy,
+                        std::mt19937& rng) {
+  absl::StatusOr<client::Session> s =
+      metrics_testing::OpenSession(store.client(), "m", policy, 12);
+  EXPECT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(metrics_testing::DecodeWithQueries(*s, 40, 0, rng).ok());
+  return *std::move(s);
+}
+
+// One decode step (a token and queries) as the same message for any store.
+v1::DecodeStep MakeStep(const std::string& session, int64_t position,
+                        const std::vector<uint64_t>& versions,
+                        std::mt19937& rng) {
+  v1::DecodeStep step;
+  step.set_session_id(session);
+  v1::Layout layout;
+  layout.set_num_layers(2);
+  layout.set_kv_heads(2);
+  layout.set_head_dim(8);
+  client::TokensToProto(metrics_testing::RandomTokens(layout, {position}, rng),
+                        step.mutable_append());
+  std::normal_distribution<float> normal;
+  std::vector<float> q(4 * 8);
+  for (int32_t l = 0; l < 2; ++l) {
+    for (float& x : q) x = normal(rng);
+    *step.add_scores() = client::QueryScores(l, versions[l], q);
+  }
+  return step;
+}
+
+TEST(TransferTest, ASessionMovesAndDecodesAsItWouldHave) {
+  Store source(256), target(256), reference(256);
+  std::mt19937 rng(1);
+  for (const std::string policy : {"h2o", "tova", "scissorhands"}) {
+    SCOPED_TRACE(policy);
+    const client::Session s = Decoded(source, policy, rng);
+    const SessionId id = *ParseSessionName(s.id());
+    // The reference: the same state, restored in a third store.
+    ASSERT_TRUE(reference.store()
+                    .ImportSession(*source.store().ExportSession(id))
+                    .ok());
+    v1::TransferSessionResponse response;
+    const grpc::Status status =
+        Transfer(source, s.id(), target.address(), &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(response.session_id(), s.id());
+    EXPECT_EQ(response.transport(), "host");
+    EXPECT_GT(response.bytes(), 0);
+    EXPECT_EQ(source.store().GetStats(id).status().code(),
+              absl::StatusCode::kNotFound);
+
+    // Byte for byte, slot for slot.
+    for (int32_t l = 0; l < 2; ++l) {
+      const LayerKvCopy a = *target.store().ReadLayer(id, l);
+      const LayerKvCopy b = *reference.store().ReadLayer(id, l);
+      EXPECT_EQ(a.version, b.version);
+      EXPECT_EQ(a.positions, b.positions);
+      EXPECT_TRUE(a.keys == b.keys && a.values == b.values);
+    }
+    // The next steps evict the same tokens on the target as they would have
+    // where the session was.
+    absl::StatusOr<client::Session> moved = target.client().OpenSession(s.id());
+    absl::StatusOr<client::Session> ref =
+        reference.client().OpenSession(s.id());
+    ASSERT_TRUE(moved.ok() && ref.ok());
+    client::DecodeStream on_target = moved->Decode();
+    client::DecodeStream on_reference = ref->Decode();
+    std::vector<uint64_t> versions = target.store().GetStats(id)->layer_version;
+    for (int64_t p = 100; p < 140; ++p) {
+      std::mt19937 step_rng(p);
+      const v1::DecodeStep step = MakeStep(s.id(), p, versions, step_rng);
+      absl::StatusOr<v1::DecodeStepResult> x = on_target.Step(step);
+      absl::StatusOr<v1::DecodeStepResult> y = on_reference.Step(step);
+      ASSERT_TRUE(x.ok() && y.ok()) << x.status() << y.status();
+      for (int32_t l = 0; l < 2; ++l) {
+        const v1::LayerChange& a = x->scores().layers(l);
+        const v1::LayerChange& b = y->scores().layers(l);
+        EXPECT_THAT(a.evicted_positions(),
+                    ::testing::ElementsAreArray(b.evicted_positions()));
+        EXPECT_EQ(a.version(), b.version());
+        versions[l] = a.version();
+      }
+    }
+    ASSERT_TRUE(on_target.Finish().ok());
+    ASSERT_TRUE(on_reference.Finish().ok());
+  }
+  EXPECT_EQ(source.used_pages(), 0);
+}
+
+// The source session after a failed transfer: there, unchanged, serving.
+void ExpectServedUnchanged(Store& source, const client::Session& s,
+                           const LayerKvCopy& before, std::mt19937& rng) {
+  const SessionId id = *ParseSessionName(s.id());
+  const LayerKvCopy now = *source.store().ReadLayer(id, 1);
+  EXPECT_EQ(now.positions, before.positions);
+  EXPECT_TRUE(now.keys == before.keys);
+  EXPECT_TRUE(metrics_testing::DecodeWithQueries(s, 3, 1000, rng).ok());
+}
+
+TEST(TransferTest, AFullTargetRefusesBeforeAnyByteMoves) {
+  Store source(256), target(4);
+  std::mt19937 rng(2);
+  const client::Session s = Decoded(source, "h2o", rng);
+  const LayerKvCopy before =
+      *source.store().ReadLayer(*ParseSessionName(s.id()), 1);
+  v1::TransferSessionResponse response;
+  const grpc::Status status =
+      Transfer(source, s.id(), target.address(), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("stays here"));
+  EXPECT_EQ(target.used_pages(), 0);
+  EXPECT_TRUE(target.store().ListSessions().empty());
+  ExpectServedUnchanged(source, s, before, rng);
+}
+
+TEST(TransferTest, ACorruptedChunkIsCaughtAndARetrySucceeds) {
+  std::atomic<bool> corrupt{true};
+  ServiceOptions options;
+  options.transfer_fault = [&](int64_t chunk, v1::TransferChunk& c) {
+    if (corrupt && chunk == 1) c.mutable_values()->at(3) ^= 0x40;
+  };
+  Store source(256, options), target(256);
+  std::mt19937 rng(3);
+  const client::Session s = Decoded(source, "h2o", rng);
+  const LayerKvCopy before =
+      *source.store().ReadLayer(*ParseSessionName(s.id()), 1);
+  v1::TransferSessionResponse response;
+  grpc::Status status =
+      Transfer(source, s.id(), target.address(), &response, "t-1");
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DATA_LOSS)
+      << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("CRC32C"));
+  EXPECT_EQ(target.used_pages(), 0);
+  ExpectServedUnchanged(source, s, before, rng);
+
+  corrupt = false;
+  status = Transfer(source, s.id(), target.address(), &response, "t-2");
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_TRUE(target.store().GetStats(*ParseSessionName(s.id())).ok());
+}
+
+TEST(TransferTest, AnUnreachableTargetLeavesTheSessionServing) {
+  Store source(256);
+  std::string gone;
+  {
+    Store target(256);
+    gone = target.address();
+  }
+  std::mt19937 rng(4);
+  const client::Session s = Decoded(source, "tova", rng);
+  const LayerKvCopy before =
+      *source.store().ReadLayer(*ParseSessionName(s.id()), 1);
+  v1::TransferSessionResponse response;
+  const grpc::Status status = Transfer(source, s.id(), gone, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << status.error_message();
+  ExpectServedUnchanged(source, s, before, rng);
+}
+
+TEST(TransferTest, ASessionBeingSentTakesNoChangesAndADeadlineAbortsIt) {
+  absl::Notification sending;
+  absl::Notification release;
+  ServiceOptions options;
+  options.transfer_fault = [&](int64_t chunk, v1::TransferChunk&) {
+    if (chunk == 0) {
+      sending.Notify();
+      release.WaitForNotificationWithTimeout(absl::Seconds(30));
+    }
+  };
+  Store source(256, options), target(256);
+  std::mt19937 rng(5);
+  const client::Session s = Decoded(source, "h2o", rng);
+  const LayerKvCopy before =
+      *source.store().ReadLayer(*ParseSessionName(s.id()), 1);
+  grpc::Status status;
+  std::thread caller([&] {
+    v1::TransferSessionResponse response;
+    status = Transfer(source, s.id(), target.address(), &response, "",
+                      absl::Milliseconds(500));
+  });
+  sending.WaitForNotification();
+  // Frozen: a step is refused with a status that says why; reads work.
+  const absl::Status step = metrics_testing::DecodeWithQueries(s, 1, 2000, rng);
+  EXPECT_EQ(step.code(), absl::StatusCode::kUnavailable) << step;
+  EXPECT_THAT(std::string(step.message()), HasSubstr("being transferred"));
+  EXPECT_TRUE(s.Stats().ok());
+  caller.join();  // the deadline passes while the send is held
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+      << status.error_message();
+  // Held well past the deadline (the send shares the caller's deadline; a
+  // send released right at it could still commit, which is allowed: the
+  // caller then finds the session on the target).
+  absl::SleepFor(absl::Seconds(1));
+  release.Notify();
+  // The send fails on its deadline too and thaws the session.
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < until &&
+         !metrics_testing::DecodeWithQueries(s, 1, 3000, rng).ok()) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  const LayerKvCopy after =
+      *source.store().ReadLayer(*ParseSessionName(s.id()), 1);
+  EXPECT_GT(after.version, before.version) << "it serves again";
+  EXPECT_EQ(target.used_pages(), 0);
+  EXPECT_TRUE(target.store().ListSessions().empty());
+}
+
+}  // namespace
+}  // namespace kvkeep
