@@ -33,6 +33,8 @@ ABSL_FLAG(std::string, server, "127.0.0.1:50051", "kvkeepd address");
 ABSL_FLAG(std::string, token, "",
           "bearer token (default: $KVKEEP_TOKEN, if set)");
 ABSL_FLAG(bool, json, false, "print one JSON document instead of tables");
+ABSL_FLAG(std::string, target_token, "",
+          "transfer: bearer token for the target kvkeepd");
 ABSL_FLAG(std::string, tls_ca, "",
           "PEM file of the CA that signed the server's certificate (enables "
           "TLS)");
@@ -72,6 +74,9 @@ constexpr char kUsage[] =
     "  kvkeep [flags] sessions        open sessions (the caller's tenant's)\n"
     "  kvkeep [flags] stats SESSION   one session's statistics, per layer\n"
     "  kvkeep [flags] close SESSION   close a session, freeing its pages\n"
+    "  kvkeep [flags] transfer SESSION TARGET\n"
+    "                                 move a session to the kvkeepd at TARGET "
+    "(host:port; --target_token when it has tenants)\n"
     "  kvkeep [flags] demo            create a session, stream decode steps "
     "with scores, print the evictions, close it\n"
     "\n"
@@ -323,6 +328,31 @@ int Close(const KvKeepClient& kv, const std::string& id) {
   } else {
     std::printf("closed %s (by an earlier attempt whose reply was lost)\n",
                 id.c_str());
+  }
+  return 0;
+}
+
+int Transfer(const KvKeepClient& kv, const std::string& id,
+             const std::string& target) {
+  v1::TransferSessionRequest request;
+  request.set_session_id(id);
+  request.set_target(target);
+  request.set_target_token(absl::GetFlag(FLAGS_target_token));
+  absl::StatusOr<v1::TransferSessionResponse> moved =
+      kv.TransferSession(request);
+  if (!moved.ok()) return Fail("transfer", moved.status());
+  if (Json()) {
+    Print({{"session_id", moved->session_id()},
+           {"target", target},
+           {"transfer_id", moved->transfer_id()},
+           {"transport", moved->transport()},
+           {"bytes", moved->bytes()},
+           {"seconds", moved->seconds()}});
+  } else {
+    std::printf("moved %s to %s: %lld bytes in %.3f s (%s transport)\n",
+                moved->session_id().c_str(), target.c_str(),
+                static_cast<long long>(moved->bytes()), moved->seconds(),
+                moved->transport().c_str());
   }
   return 0;
 }
@@ -681,9 +711,12 @@ int Main(int argc, char** argv) {
   if (command == "sessions" && want_args(0)) return Sessions(*kv);
   if (command == "stats" && want_args(1)) return Stats(*kv, rest[0]);
   if (command == "close" && want_args(1)) return Close(*kv, rest[0]);
+  if (command == "transfer" && want_args(2)) {
+    return Transfer(*kv, rest[0], rest[1]);
+  }
   if (command == "demo" && want_args(0)) return Demo(*kv);
   if (command == "info" || command == "sessions" || command == "stats" ||
-      command == "close" || command == "demo") {
+      command == "close" || command == "transfer" || command == "demo") {
     return Usage(absl::StrCat("wrong arguments for '", command, "'"));
   }
   return Usage(absl::StrCat("unknown command '", command, "'"));

@@ -7,6 +7,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "grpcpp/channel.h"
@@ -651,6 +652,26 @@ absl::StatusOr<std::vector<v1::SessionStats>> KvKeepClient::ListSessions()
 absl::StatusOr<int64_t> KvKeepClient::CloseSession(
     const std::string& session_id) const {
   return client::Close(*connection_, session_id);
+}
+
+absl::StatusOr<v1::TransferSessionResponse> KvKeepClient::TransferSession(
+    v1::TransferSessionRequest request) const {
+  if (request.transfer_id().empty()) {
+    absl::BitGen rng;
+    request.set_transfer_id(absl::StrFormat("%016x%016x",
+                                            absl::Uniform<uint64_t>(rng),
+                                            absl::Uniform<uint64_t>(rng)));
+  }
+  v1::TransferSessionResponse response;
+  absl::Status s =
+      connection_->Call("TransferSession", Retry::kOnUnavailable,
+                        [&](grpc::ClientContext& context, int) {
+                          response.Clear();
+                          return connection_->stub().TransferSession(
+                              &context, request, &response);
+                        });
+  if (!s.ok()) return s;
+  return response;
 }
 
 // ---------------------------------------------------------------------------

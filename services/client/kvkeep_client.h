@@ -14,6 +14,8 @@
 //                GetBlockTables, ReadKv (reads);
 //                CreateSession only with an idempotency_key (the server
 //                returns the first attempt's session to a retry);
+//                TransferSession (always with a transfer id: the target
+//                commits one transfer once);
 //                CloseSession: the session ends up closed however many
 //                attempts reach the server. When a retry finds it gone
 //                (NOT_FOUND after an UNAVAILABLE attempt), the lost attempt
@@ -317,6 +319,13 @@ class KvKeepClient {
   absl::StatusOr<std::vector<v1::SessionStats>> ListSessions() const;
   // See Session::Close.
   absl::StatusOr<int64_t> CloseSession(const std::string& session_id) const;
+  // Moves a session from this server to request.target (TransferSession in
+  // the proto). Without a transfer_id the client makes one, so that an
+  // attempt lost on the way (UNAVAILABLE) is retried safely: the target
+  // never makes a second copy of one transfer. Each attempt has
+  // ClientOptions::deadline: raise it for large sessions.
+  absl::StatusOr<v1::TransferSessionResponse> TransferSession(
+      v1::TransferSessionRequest request) const;
 
   // The generated stub, for what this class does not wrap. The caller sets
   // metadata and deadlines itself.

@@ -642,6 +642,11 @@ void KvKeepService::RunTransfer(SessionId id,
       std::min<int64_t>(4 << 20, options_.max_message_bytes / 2);
   options.fault = options_.transfer_fault;
   const SendResult sent = SendSession(*snapshot, options);
+  if (options_.on_transfer) {
+    options_.on_transfer(TransferReport{"host", /*outgoing=*/true,
+                                        sent.status.code(), sent.bytes,
+                                        absl::Now() - start});
+  }
 
   absl::MutexLock lock(&transfers_mu_);
   if (sent.status.ok()) {
@@ -680,7 +685,7 @@ KvKeepService::ReceiveSession(grpc::CallbackServerContext* ctx) {
   return NewReceiveReactor(
       store_, &transfer_log_, ctx,
       [this](const grpc::CallbackServerContext& c) { return Authenticate(c); },
-      !options_.tenants_by_token.empty());
+      !options_.tenants_by_token.empty(), options_.on_transfer);
 }
 
 }  // namespace kvkeep

@@ -34,6 +34,8 @@ struct ServiceOptions {
   bool log_events = false;  // a line on stderr per create/close and error
   // Test-only: changes a TransferSession chunk after its checksum is made.
   std::function<void(int64_t chunk, v1::TransferChunk&)> transfer_fault;
+  // Told about every transfer sent or received (metrics); may be empty.
+  TransferObserver on_transfer;
 };
 
 class KvKeepService final : public v1::KvKeep::CallbackService {

@@ -36,6 +36,7 @@
 #include "services/metrics/metrics_server.h"
 #include "services/metrics/rpc_metrics.h"
 #include "services/metrics/store_metrics.h"
+#include "services/metrics/transfer_metrics.h"
 
 // Flags override the config file; each one's "unset" value (empty, -1)
 // leaves the file's (or the embedded default's) setting alone.
@@ -70,6 +71,12 @@ ABSL_FLAG(bool, log_events, false,
           "log one line per session create/close and per error (stderr)");
 ABSL_FLAG(bool, self_check, true,
           "decode a short demo session through the store before serving");
+// Test-only fault injection for TransferSession (tests/service/
+// transfer_process_test.cc); never set them in production.
+ABSL_FLAG(int64_t, test_transfer_chunk_delay_ms, 0,
+          "test only: pause before sending each transfer chunk");
+ABSL_FLAG(int64_t, test_corrupt_transfer_chunk, -1,
+          "test only: flip a bit of this transfer chunk after its checksum");
 ABSL_FLAG(bool, exit_after_start, false,
           "exit 0 once serving has started (a smoke test of the start-up)");
 
@@ -319,6 +326,20 @@ int Main(int argc, char** argv) {
   service_options.max_sessions = config->max_sessions;
   service_options.max_message_bytes = config->max_message_bytes;
   service_options.log_events = config->log_events;
+  TransferMetrics transfer_metrics(*registry);
+  service_options.on_transfer = [&transfer_metrics](const TransferReport& r) {
+    transfer_metrics.Record(r.transport, r.outgoing, r.code, r.bytes,
+                            r.duration);
+  };
+  const int64_t delay_ms = absl::GetFlag(FLAGS_test_transfer_chunk_delay_ms);
+  const int64_t corrupt = absl::GetFlag(FLAGS_test_corrupt_transfer_chunk);
+  if (delay_ms > 0 || corrupt >= 0) {
+    service_options.transfer_fault = [delay_ms, corrupt](int64_t chunk,
+                                                         v1::TransferChunk& c) {
+      absl::SleepFor(absl::Milliseconds(delay_ms));
+      if (chunk == corrupt && !c.keys().empty()) c.mutable_keys()->at(0) ^= 1;
+    };
+  }
   KvKeepService service(store->get(), service_options);
 
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =

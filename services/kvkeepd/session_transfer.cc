@@ -28,8 +28,12 @@ class ReceiveReactor final
  public:
   ReceiveReactor(CacheStore* store, TransferLog* log,
                  grpc::CallbackServerContext* ctx, Authenticator authenticate,
-                 bool tenants_configured)
-      : store_(store), log_(log), tenants_configured_(tenants_configured) {
+                 bool tenants_configured, TransferObserver observer)
+      : store_(store),
+        log_(log),
+        tenants_configured_(tenants_configured),
+        observer_(std::move(observer)),
+        start_(absl::Now()) {
     absl::StatusOr<std::string> tenant = authenticate(*ctx);
     if (!tenant.ok()) {
       Finish(ToGrpcStatus(tenant.status()));
@@ -73,9 +77,22 @@ class ReceiveReactor final
     StartRead(&message_);
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    if (observer_ && started_) {
+      observer_(TransferReport{"host", /*outgoing=*/false,
+                               committed_ ? absl::StatusCode::kOk : end_code_,
+                               bytes_, absl::Now() - start_});
+    }
+    delete this;
+  }
 
  private:
+  void Finish(const grpc::Status& status) {
+    end_code_ = static_cast<absl::StatusCode>(status.error_code());
+    grpc::ServerBidiReactor<v1::TransferMessage, v1::TransferReply>::Finish(
+        status);
+  }
+
   absl::Status Handle() {
     switch (message_.kind_case()) {
       case v1::TransferMessage::kHeader:
@@ -126,6 +143,7 @@ class ReceiveReactor final
           "transfer ", transfer_id_, ": layer ", chunk.layer(), " slot ",
           chunk.first_slot(), ": the chunk's CRC32C does not match its bytes"));
     }
+    bytes_ += static_cast<int64_t>(chunk.keys().size() + chunk.values().size());
     return pending_->Write(
         chunk.layer(),
         std::as_bytes(std::span(chunk.keys().data(), chunk.keys().size())),
@@ -139,6 +157,7 @@ class ReceiveReactor final
     absl::StatusOr<SessionId> id = store_->CommitImport(std::move(pending_));
     if (!id.ok()) return id.status();
     log_->Add(transfer_id_, *id);
+    committed_ = true;
     return Reply(v1::TransferReply::COMMITTED);
   }
 
@@ -151,6 +170,11 @@ class ReceiveReactor final
   CacheStore* const store_;
   TransferLog* const log_;
   const bool tenants_configured_;
+  const TransferObserver observer_;
+  const absl::Time start_;
+  int64_t bytes_ = 0;
+  bool committed_ = false;
+  absl::StatusCode end_code_ = absl::StatusCode::kOk;
   std::string tenant_;
   std::string transfer_id_;
   bool started_ = false;
@@ -330,9 +354,9 @@ SendResult SendSession(const SessionSnapshot& snapshot,
 grpc::ServerBidiReactor<v1::TransferMessage, v1::TransferReply>*
 NewReceiveReactor(CacheStore* store, TransferLog* log,
                   grpc::CallbackServerContext* ctx, Authenticator authenticate,
-                  bool tenants_configured) {
+                  bool tenants_configured, TransferObserver observer) {
   return new ReceiveReactor(store, log, ctx, std::move(authenticate),
-                            tenants_configured);
+                            tenants_configured, std::move(observer));
 }
 
 }  // namespace kvkeep

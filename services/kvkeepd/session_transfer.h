@@ -26,6 +26,17 @@
 
 namespace kvkeep {
 
+// What one transfer did, for monitoring: sent from this store (outgoing)
+// or received, how it ended, the key and value bytes moved, how long.
+struct TransferReport {
+  std::string transport = "host";
+  bool outgoing = true;
+  absl::StatusCode code = absl::StatusCode::kOk;
+  int64_t bytes = 0;
+  absl::Duration duration;
+};
+using TransferObserver = std::function<void(const TransferReport&)>;
+
 // A snapshot's state without its bytes, and back (INVALID_ARGUMENT for a
 // malformed one; the store checks the rest).
 void StateToProto(const SessionSnapshot& snapshot, v1::SessionState* out);
@@ -79,7 +90,7 @@ using Authenticator = std::function<absl::StatusOr<std::string>(
 grpc::ServerBidiReactor<v1::TransferMessage, v1::TransferReply>*
 NewReceiveReactor(CacheStore* store, TransferLog* log,
                   grpc::CallbackServerContext* ctx, Authenticator authenticate,
-                  bool tenants_configured);
+                  bool tenants_configured, TransferObserver observer);
 
 }  // namespace kvkeep
 

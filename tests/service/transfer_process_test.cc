@@ -1,0 +1,300 @@
+// TransferSession between two kvkeepd processes on loopback, as in
+// disaggregated serving: many sessions of mixed policies move while other
+// sessions stream decode steps on both stores, and each moved session holds
+// the same bytes and evicts exactly what its twin (an identical session
+// left on the source) evicts over the next steps. A target killed with
+// SIGKILL in the middle of a transfer, and a corrupted chunk, leave the
+// session on the source, serving; a retry to a live target succeeds.
+//
+// Waits have a generous limit only so that a hang fails the test; no test
+// measures time.
+#include <atomic>
+#include <csignal>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "services/client/kvkeep_client.h"
+#include "tests/service/child_process.h"
+#include "tests/service/metrics_testing.h"
+
+namespace kvkeep {
+namespace {
+
+using child_process::Child;
+using metrics_testing::DecodeWithQueries;
+using metrics_testing::OpenSession;
+
+constexpr absl::Duration kPatience = absl::Seconds(120);
+constexpr char kConfig[] =
+    R"({"layouts": [{"name": "m", "num_layers": 2, "kv_heads": 2,
+        "query_heads": 4, "head_dim": 8, "dtype": "f32", "page_tokens": 4,
+        "pool_pages": 16384}]})";
+
+// A kvkeepd process and a client of it.
+struct Daemon {
+  std::unique_ptr<Child> child;
+  std::string address;
+  std::string metrics;  // host:port of /metrics
+  std::unique_ptr<client::KvKeepClient> client;
+};
+
+std::string ConfigFile() {
+  const std::string path =
+      absl::StrCat(::testing::TempDir(), "/transfer_", getpid(), ".json");
+  std::ofstream(path) << kConfig;
+  return path;
+}
+
+Daemon Start(std::vector<std::string> extra = {}) {
+  std::vector<std::string> argv = {
+      KVKEEPD_BINARY, "--config=" + ConfigFile(), "--listen=127.0.0.1:0",
+      "--metrics_listen=127.0.0.1:0", "--self_check=false"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  Daemon d;
+  absl::StatusOr<std::unique_ptr<Child>> child = Child::Spawn(argv);
+  EXPECT_TRUE(child.ok()) << child.status();
+  if (!child.ok()) return d;
+  d.child = *std::move(child);
+  constexpr absl::string_view kPrefix = "kvkeepd: grpc listening on ";
+  std::optional<std::string> line = d.child->out().WaitFor(kPrefix, kPatience);
+  EXPECT_TRUE(line.has_value()) << d.child->Output();
+  if (!line.has_value()) return d;
+  d.address = line->substr(kPrefix.size());
+  constexpr absl::string_view kMetrics = "kvkeepd: metrics on http://";
+  std::optional<std::string> m = d.child->out().WaitFor(kMetrics, kPatience);
+  if (m.has_value()) {
+    d.metrics =
+        std::string(absl::StripSuffix(m->substr(kMetrics.size()), "/metrics"));
+  }
+  client::ClientOptions options;
+  options.address = d.address;
+  options.deadline = absl::Seconds(60);
+  d.client = std::make_unique<client::KvKeepClient>(
+      *client::KvKeepClient::Connect(options));
+  return d;
+}
+
+absl::StatusOr<v1::TransferSessionResponse> Move(Daemon& from,
+                                                 const std::string& id,
+                                                 const Daemon& to) {
+  v1::TransferSessionRequest request;
+  request.set_session_id(id);
+  request.set_target(to.address);
+  return from.client->TransferSession(request);
+}
+
+// Every layer's positions and bytes, as ReadKv gives them.
+std::vector<client::LayerKvData> Contents(const client::KvKeepClient& kv,
+                                          const std::string& id) {
+  absl::StatusOr<client::Session> s = kv.OpenSession(id);
+  EXPECT_TRUE(s.ok()) << s.status();
+  if (!s.ok()) return {};
+  absl::StatusOr<std::vector<client::LayerKvData>> data = s->ReadKv();
+  EXPECT_TRUE(data.ok()) << data.status();
+  return data.value_or(std::vector<client::LayerKvData>{});
+}
+
+TEST(TransferProcessTest, ManySessionsMoveWhileOthersDecodeOnBothStores) {
+  Daemon a = Start();
+  Daemon b = Start();
+  ASSERT_TRUE(a.client && b.client);
+
+  // 16 sessions keep decoding on each store throughout.
+  std::atomic<bool> stop{false};
+  std::atomic<int> background_errors{0};
+  std::vector<std::thread> background;
+  // Stops and joins them however the test ends.
+  struct Joiner {
+    std::atomic<bool>& stop;
+    std::vector<std::thread>& threads;
+    ~Joiner() {
+      stop = true;
+      for (std::thread& t : threads) {
+        if (t.joinable()) t.join();
+      }
+    }
+  } joiner{stop, background};
+  for (Daemon* d : {&a, &b}) {
+    for (int i = 0; i < 8; ++i) {
+      background.emplace_back([&, d, i] {
+        std::mt19937 rng(100 + i);
+        absl::StatusOr<client::Session> s =
+            OpenSession(*d->client, "m", "h2o", 16);
+        if (!s.ok()) {
+          ++background_errors;
+          return;
+        }
+        for (int64_t p = 0; !stop; p += 8) {
+          if (!DecodeWithQueries(*s, 8, p, rng).ok()) ++background_errors;
+        }
+      });
+    }
+  }
+
+  // Twins: the same policy, budget and steps on `a`; one of each pair moves.
+  const std::vector<std::string> policies = {
+      "h2o",    "tova",          "scissorhands", "h2o_page",
+      "window", "streaming_llm", "full",         "snapkv"};
+  struct Pair {
+    std::string policy;
+    client::Session moved, twin;
+  };
+  std::vector<Pair> pairs;
+  for (int i = 0; i < 100; ++i) {
+    const std::string& policy = policies[i % policies.size()];
+    const bool scores = policy == "h2o" || policy == "tova" ||
+                        policy == "scissorhands" || policy == "h2o_page";
+    std::vector<client::Session> two;
+    for (int k = 0; k < 2; ++k) {
+      absl::StatusOr<client::Session> s = OpenSession(
+          *a.client, "m", policy, policy == "snapkv" ? 40 : 12 + i % 5);
+      ASSERT_TRUE(s.ok()) << s.status();
+      std::mt19937 rng(i);  // the same inputs for both twins
+      ASSERT_TRUE(DecodeWithQueries(*s, 20 + i % 7, 0, rng, scores).ok());
+      two.push_back(*std::move(s));
+    }
+    pairs.push_back(Pair{policy, two[0], two[1]});
+  }
+  int64_t bytes = 0;
+  for (Pair& p : pairs) {
+    absl::StatusOr<v1::TransferSessionResponse> r = Move(a, p.moved.id(), b);
+    ASSERT_TRUE(r.ok()) << p.policy << ": " << r.status();
+    bytes += r->bytes();
+  }
+  EXPECT_GT(bytes, 0);
+
+  for (int i = 0; i < static_cast<int>(pairs.size()); ++i) {
+    Pair& p = pairs[i];
+    SCOPED_TRACE(absl::StrCat(p.policy, " #", i));
+    EXPECT_EQ(a.client->GetSessionStats(p.moved.id()).status().code(),
+              absl::StatusCode::kNotFound);
+    const std::vector<client::LayerKvData> x =
+        Contents(*b.client, p.moved.id());
+    const std::vector<client::LayerKvData> y = Contents(*a.client, p.twin.id());
+    ASSERT_EQ(x.size(), y.size());
+    for (size_t l = 0; l < x.size(); ++l) {
+      EXPECT_EQ(x[l].positions, y[l].positions);
+      EXPECT_TRUE(x[l].keys == y[l].keys && x[l].values == y[l].values);
+      EXPECT_EQ(x[l].version, y[l].version);
+    }
+    // The next 100 steps, the same inputs: the same state after each block.
+    absl::StatusOr<client::Session> moved = b.client->OpenSession(p.moved.id());
+    ASSERT_TRUE(moved.ok());
+    const bool scores = p.policy == "h2o" || p.policy == "tova" ||
+                        p.policy == "scissorhands" || p.policy == "h2o_page";
+    for (int block = 0; block < 4; ++block) {
+      std::mt19937 r1(1000 + i * 10 + block), r2(1000 + i * 10 + block);
+      const int64_t at = 100 + block * 25;
+      ASSERT_TRUE(DecodeWithQueries(*moved, 25, at, r1, scores).ok());
+      ASSERT_TRUE(DecodeWithQueries(p.twin, 25, at, r2, scores).ok());
+      const absl::StatusOr<v1::SessionStats> sx = moved->Stats();
+      const absl::StatusOr<v1::SessionStats> sy = p.twin.Stats();
+      ASSERT_TRUE(sx.ok() && sy.ok());
+      EXPECT_EQ(sx->evicted_tokens(), sy->evicted_tokens());
+      EXPECT_THAT(sx->layer_version(),
+                  ::testing::ElementsAreArray(sy->layer_version()));
+    }
+    const std::vector<client::LayerKvData> x2 =
+        Contents(*b.client, p.moved.id());
+    const std::vector<client::LayerKvData> y2 =
+        Contents(*a.client, p.twin.id());
+    for (size_t l = 0; l < x2.size() && l < y2.size(); ++l) {
+      EXPECT_EQ(x2[l].positions, y2[l].positions);
+    }
+  }
+  stop = true;
+  for (std::thread& t : background) t.join();
+  EXPECT_EQ(background_errors, 0);
+}
+
+TEST(TransferProcessTest, AKilledTargetLeavesTheSessionHereAndARetrySucceeds) {
+  // The source sends slowly (test-only delay), so SIGKILL lands mid-way.
+  Daemon a = Start({"--test_transfer_chunk_delay_ms=300",
+                    "--test_corrupt_transfer_chunk=-1"});
+  Daemon b = Start();
+  ASSERT_TRUE(a.client && b.client);
+  std::mt19937 rng(7);
+  absl::StatusOr<client::Session> s = OpenSession(*a.client, "m", "h2o", 400);
+  ASSERT_TRUE(s.ok());
+  // One chunk per layer here: sent at 300 ms and 600 ms, the commit after.
+  ASSERT_TRUE(DecodeWithQueries(*s, 300, 0, rng).ok());
+  const std::vector<client::LayerKvData> before = Contents(*a.client, s->id());
+
+  absl::StatusOr<v1::TransferSessionResponse> moved;
+  std::thread mover([&] { moved = Move(a, s->id(), b); });
+  absl::SleepFor(absl::Milliseconds(450));  // the header and a chunk are out
+  b.child->Signal(SIGKILL);
+  mover.join();
+  EXPECT_EQ(moved.status().code(), absl::StatusCode::kUnavailable)
+      << moved.status();
+  // Still here, unchanged, serving.
+  const std::vector<client::LayerKvData> after = Contents(*a.client, s->id());
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t l = 0; l < after.size(); ++l) {
+    EXPECT_EQ(after[l].positions, before[l].positions);
+    EXPECT_TRUE(after[l].keys == before[l].keys);
+  }
+  ASSERT_TRUE(DecodeWithQueries(*s, 5, 1000, rng).ok());
+
+  // A retry to a live target succeeds.
+  Daemon c = Start();
+  ASSERT_TRUE(c.client);
+  moved = Move(a, s->id(), c);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_TRUE(c.client->GetSessionStats(s->id()).ok());
+  EXPECT_EQ(a.client->GetSessionStats(s->id()).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(TransferProcessTest, ACorruptChunkIsRefusedAndNothingLeaks) {
+  Daemon a = Start({"--test_corrupt_transfer_chunk=0"});
+  Daemon b = Start();
+  ASSERT_TRUE(a.client && b.client);
+  std::mt19937 rng(8);
+  absl::StatusOr<client::Session> s = OpenSession(*a.client, "m", "tova", 32);
+  ASSERT_TRUE(s.ok());
+  ASSERT_TRUE(DecodeWithQueries(*s, 40, 0, rng).ok());
+  const absl::StatusOr<v1::TransferSessionResponse> moved = Move(a, s->id(), b);
+  EXPECT_EQ(moved.status().code(), absl::StatusCode::kDataLoss)
+      << moved.status();
+  absl::StatusOr<v1::ServerInfo> info = b.client->GetServerInfo();
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->pools(0).used_pages(), 0);
+  EXPECT_TRUE(a.client->GetSessionStats(s->id()).ok());
+  ASSERT_TRUE(DecodeWithQueries(*s, 3, 1000, rng).ok());
+
+  // Both ends count it, by transport, direction and code.
+  for (const auto& [d, direction] :
+       {std::pair(&a, "out"), std::pair(&b, "in")}) {
+    // The receiving end counts when its stream is done, which may be just
+    // after the sender has its answer.
+    std::optional<double> count;
+    const absl::Time until = absl::Now() + kPatience;
+    while (absl::Now() < until) {
+      absl::StatusOr<std::string> text =
+          metrics_testing::HttpGet(d->metrics, "/metrics");
+      ASSERT_TRUE(text.ok()) << text.status();
+      count = metrics_testing::Value(metrics_testing::ParseExposition(*text),
+                                     "kvkeep_transfers_total",
+                                     {{"transport", "host"},
+                                      {"direction", direction},
+                                      {"code", "DATA_LOSS"}});
+      if (count.has_value()) break;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    EXPECT_THAT(count, ::testing::Optional(1.0)) << direction;
+  }
+}
+
+}  // namespace
+}  // namespace kvkeep
