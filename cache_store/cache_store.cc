@@ -131,11 +131,20 @@ absl::StatusOr<SessionId> CacheStore::CreateSession(const SessionSpec& spec) {
   return id;
 }
 
-absl::StatusOr<SessionSnapshot> CacheStore::ExportSession(SessionId id) {
+absl::Status CacheStore::ReadSlots(SessionId id, int32_t layer, int64_t first,
+                                   int64_t n, std::span<std::byte> keys,
+                                   std::span<std::byte> values) {
+  return WithSession(id, [&](Session& s) {
+    return s.ReadSlots(layer, first, n, keys, values);
+  });
+}
+
+absl::StatusOr<SessionSnapshot> CacheStore::ExportSession(SessionId id,
+                                                          bool with_bytes) {
   return WithEntry(
       id,
       [&](const Entry& entry, Session& s) -> absl::StatusOr<SessionSnapshot> {
-        SessionSnapshot snapshot = s.Snapshot();
+        SessionSnapshot snapshot = s.Snapshot(with_bytes);
         snapshot.tenant = entry.info.tenant;
         snapshot.policy = entry.policy_spec;
         return snapshot;
@@ -184,7 +193,8 @@ absl::StatusOr<SessionSnapshot> CacheStore::FreezeForTransfer(SessionId id) {
     }
   }
   // An operation that began before the freeze finishes first (the lock).
-  absl::StatusOr<SessionSnapshot> snapshot = ExportSession(id);
+  absl::StatusOr<SessionSnapshot> snapshot =
+      ExportSession(id, /*with_bytes=*/false);
   if (!snapshot.ok()) {
     FinishTransfer(id, /*committed=*/false).IgnoreError();
   }

@@ -77,7 +77,12 @@ class CacheStore {
 
   // The session's whole state (session_snapshot.h), taken under its lock.
   // NOT_FOUND if it does not exist.
-  absl::StatusOr<SessionSnapshot> ExportSession(SessionId id);
+  absl::StatusOr<SessionSnapshot> ExportSession(SessionId id,
+                                                bool with_bytes = true);
+  // Session::ReadSlots under the session's lock (a frozen session too).
+  absl::Status ReadSlots(SessionId id, int32_t layer, int64_t first, int64_t n,
+                         std::span<std::byte> keys,
+                         std::span<std::byte> values);
   // Adds a session in the state `snapshot` describes, under its id, tenant
   // and policy; it answers every later call as the exported session would
   // have. NOT_FOUND for an unknown layout; ALREADY_EXISTS if the id is
@@ -92,10 +97,12 @@ class CacheStore {
   //
   // Out: FreezeForTransfer stops the session changing (every operation that
   // would change it, and CloseSession, gets UNAVAILABLE naming the transfer;
-  // reads still work) and returns its snapshot; FinishTransfer then closes it
-  // (committed: the target holds it now) or thaws it, unchanged (aborted).
-  // NOT_FOUND for an unknown session; FAILED_PRECONDITION if it is already
-  // being transferred (Freeze) or is not (Finish).
+  // reads still work) and returns its snapshot without the bytes (the
+  // sender reads them with ReadSlots as it goes: the pages cannot change);
+  // FinishTransfer then closes it (committed: the target holds it now) or thaws
+  // it, unchanged (aborted). NOT_FOUND for an unknown session;
+  // FAILED_PRECONDITION if it is already being transferred (Freeze) or is not
+  // (Finish).
   absl::StatusOr<SessionSnapshot> FreezeForTransfer(SessionId id);
   absl::Status FinishTransfer(SessionId id, bool committed);
 

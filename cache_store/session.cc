@@ -216,7 +216,34 @@ absl::Status Session::WriteSlots(int32_t index, int64_t first,
   return absl::OkStatus();
 }
 
-SessionSnapshot Session::Snapshot() const {
+absl::Status Session::ReadSlots(int32_t index, int64_t first, int64_t n,
+                                std::span<std::byte> keys,
+                                std::span<std::byte> values) const {
+  if (absl::Status s = CheckLayerIndex(index); !s.ok()) return s;
+  const Layer& layer = layers_[index];
+  const int64_t token_bytes = page_layout_.token_bytes();
+  if (first < 0 || n < 0 || first + n > layer.size() ||
+      static_cast<int64_t>(keys.size()) != n * token_bytes ||
+      values.size() != keys.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session ", SessionName(id_), ": layer ", index, ": slots [", first,
+        ", ", first + n, ") into ", keys.size(), " bytes: outside its ",
+        layer.size(), " slots or the wrong size"));
+  }
+  const std::byte* arena = pool_->data();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t slot = first + i;
+    const PageId page = layer.pages[slot / layout_.page_tokens];
+    const int32_t in_page = static_cast<int32_t>(slot % layout_.page_tokens);
+    std::memcpy(keys.data() + i * token_bytes,
+                arena + page_layout_.key_offset(page, in_page), token_bytes);
+    std::memcpy(values.data() + i * token_bytes,
+                arena + page_layout_.value_offset(page, in_page), token_bytes);
+  }
+  return absl::OkStatus();
+}
+
+SessionSnapshot Session::Snapshot(bool with_bytes) const {
   SessionSnapshot out;
   out.id = id_;
   out.layout = layout_.name;
@@ -235,9 +262,11 @@ SessionSnapshot Session::Snapshot() const {
     s.appended = layer.appended;
     s.version = layer.version;
     s.budget = layer.budget;
-    absl::StatusOr<LayerKvCopy> kv = ReadLayer(static_cast<int32_t>(l));
-    s.keys = std::move(kv->keys);
-    s.values = std::move(kv->values);
+    if (with_bytes) {
+      absl::StatusOr<LayerKvCopy> kv = ReadLayer(static_cast<int32_t>(l));
+      s.keys = std::move(kv->keys);
+      s.values = std::move(kv->values);
+    }
     out.layers.push_back(std::move(s));
   }
   return out;

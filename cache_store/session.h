@@ -90,8 +90,15 @@ class Session {
   absl::StatusOr<LayerKvCopy> ReadLayer(int32_t layer) const;
   SessionStats stats() const;
   // The session's state (its layers, last position, work; the caller adds
-  // id, layout, policy spec and tenant). Copies every resident byte.
-  SessionSnapshot Snapshot() const;
+  // id, layout, policy spec and tenant). With `with_bytes`, copies every
+  // resident byte; without, the keys and values are left empty.
+  SessionSnapshot Snapshot(bool with_bytes = true) const;
+  // Copies the keys and values of slots [first, first + n) of `layer` into
+  // `keys` and `values` ([n][kv_heads][head_dim] each). INVALID_ARGUMENT
+  // for a range outside the layer or buffers of the wrong size.
+  absl::Status ReadSlots(int32_t layer, int64_t first, int64_t n,
+                         std::span<std::byte> keys,
+                         std::span<std::byte> values) const;
   // What the session has done since it was created (for monitoring).
   const SessionWork& work() const { return work_; }
 

@@ -622,7 +622,7 @@ void KvKeepService::RunTransfer(SessionId id,
         return;
       }
       it->second.running = true;
-      snapshot = store_->ExportSession(id);
+      snapshot = store_->ExportSession(id, /*with_bytes=*/false);
     } else {
       snapshot = store_->FreezeForTransfer(id);
       if (snapshot.ok()) outgoing_[id] = Outgoing{transfer_id, true};
@@ -641,7 +641,18 @@ void KvKeepService::RunTransfer(SessionId id,
   options.chunk_bytes =
       std::min<int64_t>(4 << 20, options_.max_message_bytes / 2);
   options.fault = options_.transfer_fault;
-  const SendResult sent = SendSession(*snapshot, options);
+  for (const LayoutStats& l : store_->Layouts()) {
+    if (l.layout.name == snapshot->layout) {
+      options.token_bytes = l.layout.page_layout().token_bytes();
+    }
+  }
+  const SendResult sent = SendSession(
+      *snapshot,
+      [&](int32_t layer, int64_t first, int64_t n, std::span<std::byte> keys,
+          std::span<std::byte> values) {
+        return store_->ReadSlots(id, layer, first, n, keys, values);
+      },
+      options);
   if (options_.on_transfer) {
     options_.on_transfer(TransferReport{"host", /*outgoing=*/true,
                                         sent.status.code(), sent.bytes,

@@ -259,12 +259,17 @@ bool TransferLog::Contains(const std::string& transfer_id) const {
   return ids_.contains(transfer_id);
 }
 
-SendResult SendSession(const SessionSnapshot& snapshot,
+SendResult SendSession(const SessionSnapshot& snapshot, const SlotReader& read,
                        const SendOptions& options) {
   SendResult result;
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  // Bulk bytes: large HTTP/2 frames and a deep flow-control window, so a
+  // chunk is a few writes rather than hundreds of 16 KiB frames.
+  args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 16 << 20);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
+  args.SetInt(GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 16 << 20);
   auto channel = grpc::CreateCustomChannel(
       options.target, grpc::InsecureChannelCredentials(), args);
   auto stub = v1::KvKeep::NewStub(channel);
@@ -307,11 +312,7 @@ SendResult SendSession(const SessionSnapshot& snapshot,
     result.in_doubt = !result.status.ok();
     return result;
   }
-  const int64_t token_bytes =
-      snapshot.layers.empty() || snapshot.layers[0].resident() == 0
-          ? 1
-          : static_cast<int64_t>(snapshot.layers[0].keys.size()) /
-                snapshot.layers[0].resident();
+  const int64_t token_bytes = options.token_bytes;
   const int64_t slots_per_chunk =
       std::max<int64_t>(1, options.chunk_bytes / (2 * token_bytes));
   int64_t chunk_index = 0;
@@ -324,12 +325,21 @@ SendResult SendSession(const SessionSnapshot& snapshot,
       v1::TransferChunk* chunk = m.mutable_chunk();
       chunk->set_layer(static_cast<int32_t>(l));
       chunk->set_first_slot(first);
-      chunk->set_keys(reinterpret_cast<const char*>(layer.keys.data()) +
-                          first * token_bytes,
-                      n * token_bytes);
-      chunk->set_values(reinterpret_cast<const char*>(layer.values.data()) +
-                            first * token_bytes,
-                        n * token_bytes);
+      std::string* keys = chunk->mutable_keys();
+      std::string* values = chunk->mutable_values();
+      keys->resize(n * token_bytes);
+      values->resize(n * token_bytes);
+      if (absl::Status s = read(
+              static_cast<int32_t>(l), first, n,
+              std::as_writable_bytes(std::span(keys->data(), keys->size())),
+              std::as_writable_bytes(
+                  std::span(values->data(), values->size())));
+          !s.ok()) {
+        result.status = s;
+        stream->WritesDone();
+        stream->Finish().IgnoreError();
+        return result;
+      }
       chunk->set_crc32c(ChunkCrc(*chunk));
       if (options.fault) options.fault(chunk_index, *chunk);
       ++chunk_index;

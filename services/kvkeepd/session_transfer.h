@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <span>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -59,6 +60,7 @@ class TransferLog {
 };
 
 struct SendOptions {
+  int64_t token_bytes = 0;   // one token's keys (or values) in one layer
   std::string target;        // host:port
   std::string target_token;  // bearer token, or empty
   std::string transfer_id;
@@ -79,8 +81,16 @@ struct SendResult {
   int64_t bytes = 0;
 };
 
-// Sends `snapshot` (with its bytes) to the target's ReceiveSession.
-SendResult SendSession(const SessionSnapshot& snapshot,
+// Reads slots [first, first + n) of a layer's keys and values into the
+// buffers ([n][kv_heads][head_dim] each).
+using SlotReader = std::function<absl::Status(
+    int32_t layer, int64_t first, int64_t n, std::span<std::byte> keys,
+    std::span<std::byte> values)>;
+
+// Sends `state` (a snapshot without its bytes) to the target's
+// ReceiveSession, reading each chunk's bytes with `read` straight into the
+// message (no copy of the whole session is made).
+SendResult SendSession(const SessionSnapshot& state, const SlotReader& read,
                        const SendOptions& options);
 
 // The ReceiveSession reactor: `authenticate` gives the caller's tenant (or
