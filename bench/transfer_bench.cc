@@ -7,9 +7,12 @@
 // with TransferSession (freeze, header, 4 MiB chunks with CRC32C, commit).
 // The baseline sends the same number of bytes from one thread to another
 // over a loopback TCP socket, 4 MiB per write. Prints both and the ratio.
+// The process sets kvkeepd's malloc options, and the target's pool is warm
+// (touched by an earlier session) unless --cold.
 //
-//   build/bin/transfer_bench [GIB]   (default 1)
+//   build/bin/transfer_bench [GIB] [--cold]   (default 1, a warm target pool)
 #include <arpa/inet.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -129,6 +132,11 @@ double RawTcp(int64_t bytes) {
 }
 
 int Main(int argc, char** argv) {
+  // As kvkeepd does (services/kvkeepd/main.cc): message buffers of a few
+  // MiB stay in the heap instead of being fresh mappings the kernel must
+  // zero and fault in on every chunk.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   const double gib = argc > 1 ? std::atof(argv[1]) : 1.0;
   const ModelLayout layout = Layout();
   const int64_t token_bytes = layout.page_layout().token_bytes();  // K only
@@ -139,20 +147,34 @@ int Main(int argc, char** argv) {
   Server source(pages), target(pages);
 
   SessionSpec spec{"big", {"full", {}}, {}};
-  const SessionId id = *source.store().CreateSession(spec);
   std::mt19937 rng(1);
   std::vector<std::byte> kv(1024 * token_bytes);
   for (std::byte& b : kv) b = static_cast<std::byte>(rng());
-  for (int64_t first = 0; first < tokens; first += 1024) {
-    const int64_t n = std::min<int64_t>(1024, tokens - first);
-    std::vector<int64_t> positions(n);
-    for (int64_t i = 0; i < n; ++i) positions[i] = first + i;
-    const std::span<const std::byte> bytes(kv.data(), n * token_bytes);
-    std::vector<LayerKv> layers(layout.num_layers, LayerKv{bytes, bytes});
-    if (!source.store().Append(id, AppendRequest{positions, layers}).ok()) {
-      std::fprintf(stderr, "append failed\n");
-      return 1;
+  // A session of `tokens` random tokens in `store`.
+  auto fill = [&](CacheStore& store) -> SessionId {
+    const SessionId id = *store.CreateSession(spec);
+    for (int64_t first = 0; first < tokens; first += 1024) {
+      const int64_t n = std::min<int64_t>(1024, tokens - first);
+      std::vector<int64_t> positions(n);
+      for (int64_t i = 0; i < n; ++i) positions[i] = first + i;
+      const std::span<const std::byte> bytes(kv.data(), n * token_bytes);
+      std::vector<LayerKv> layers(layout.num_layers, LayerKv{bytes, bytes});
+      if (!store.Append(id, AppendRequest{positions, layers}).ok()) {
+        std::fprintf(stderr, "append failed\n");
+        std::exit(1);
+      }
     }
+    return id;
+  };
+  const SessionId id = fill(source.store());
+  // A store that has served for a while has touched its pool: fill and
+  // close a session on the target first, so the transfer writes into pages
+  // the kernel has already mapped (a cold pool's first touch costs the
+  // page faults and zeroing of the whole session; --cold measures that).
+  const bool cold = argc > 2 && std::string(argv[2]) == "--cold";
+  if (!cold) {
+    const SessionId warm = fill(target.store());
+    if (!target.store().CloseSession(warm).ok()) return 1;
   }
   const int64_t moved_bytes = 2 * tokens * token_bytes * layout.num_layers;
   std::printf("session: %lld tokens x %d layers, %.2f GiB of keys and values\n",
@@ -179,8 +201,10 @@ int Main(int argc, char** argv) {
   const double transfer_gbps = moved_bytes / transfer_seconds / 1e9;
   const double raw_gbps = moved_bytes / raw_seconds / 1e9;
   std::printf(
-      "TransferSession (host): %.3f s, %.2f GB/s (server-side %.3f s)\n",
-      transfer_seconds, transfer_gbps, response.seconds());
+      "TransferSession (host, %s target pool): %.3f s, %.2f GB/s "
+      "(server-side %.3f s)\n",
+      cold ? "cold" : "warm", transfer_seconds, transfer_gbps,
+      response.seconds());
   std::printf("raw TCP copy:           %.3f s, %.2f GB/s\n", raw_seconds,
               raw_gbps);
   std::printf("ratio: %.2f of the raw copy's throughput\n",
