@@ -807,14 +807,10 @@ absl::StatusOr<LayerKvCopy> Session::ReadLayer(int32_t index) const {
   copy.positions = layer.position;
   copy.keys.resize(layer.size() * token_bytes);
   copy.values.resize(layer.size() * token_bytes);
-  const std::byte* arena = pool_->data();
-  for (int64_t s = 0; s < layer.size(); ++s) {
-    const PageId page = layer.pages[s / layout_.page_tokens];
-    const int32_t in_page = static_cast<int32_t>(s % layout_.page_tokens);
-    std::memcpy(copy.keys.data() + s * token_bytes,
-                arena + page_layout_.key_offset(page, in_page), token_bytes);
-    std::memcpy(copy.values.data() + s * token_bytes,
-                arena + page_layout_.value_offset(page, in_page), token_bytes);
+  if (absl::Status s =
+          ReadSlots(index, 0, layer.size(), copy.keys, copy.values);
+      !s.ok()) {
+    return s;
   }
   return copy;
 }

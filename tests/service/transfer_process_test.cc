@@ -24,6 +24,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/client/kvkeep_client.h"
+#include "services/workers/session_driver.h"
 #include "tests/service/child_process.h"
 #include "tests/service/metrics_testing.h"
 
@@ -152,8 +153,8 @@ TEST(TransferProcessTest, ManySessionsMoveWhileOthersDecodeOnBothStores) {
   std::vector<Pair> pairs;
   for (int i = 0; i < 100; ++i) {
     const std::string& policy = policies[i % policies.size()];
-    const bool scores = policy == "h2o" || policy == "tova" ||
-                        policy == "scissorhands" || policy == "h2o_page";
+    const bool scores =
+        workers::InputOf(policy) == workers::PolicyInput::kPerStep;
     std::vector<client::Session> two;
     for (int k = 0; k < 2; ++k) {
       absl::StatusOr<client::Session> s = OpenSession(
@@ -190,8 +191,8 @@ TEST(TransferProcessTest, ManySessionsMoveWhileOthersDecodeOnBothStores) {
     // The next 100 steps, the same inputs: the same state after each block.
     absl::StatusOr<client::Session> moved = b.client->OpenSession(p.moved.id());
     ASSERT_TRUE(moved.ok());
-    const bool scores = p.policy == "h2o" || p.policy == "tova" ||
-                        p.policy == "scissorhands" || p.policy == "h2o_page";
+    const bool scores =
+        workers::InputOf(p.policy) == workers::PolicyInput::kPerStep;
     for (int block = 0; block < 4; ++block) {
       std::mt19937 r1(1000 + i * 10 + block), r2(1000 + i * 10 + block);
       const int64_t at = 100 + block * 25;
