@@ -42,7 +42,8 @@ absl::StatusOr<std::unique_ptr<CacheStore>> CacheStore::Create(
           absl::StrCat("layout '", spec.layout.name, "' is defined twice"));
     }
     absl::StatusOr<std::unique_ptr<PagePool>> pool =
-        PagePool::Create(spec.layout.page_layout(), spec.capacity_pages);
+        PagePool::Create(spec.layout.page_layout(), spec.capacity_pages,
+                         options.device, options.share_pools);
     if (!pool.ok()) {
       return absl::Status(pool.status().code(),
                           absl::StrCat("layout '", spec.layout.name,
@@ -59,6 +60,24 @@ absl::StatusOr<const CacheStore::Pool*> CacheStore::FindPool(
     if (p.layout.name == layout) return &p;
   }
   return absl::NotFoundError(absl::StrCat("unknown layout '", layout, "'"));
+}
+
+absl::StatusOr<PoolMapping> CacheStore::SharePool(
+    const std::string& layout) const {
+  absl::StatusOr<const Pool*> pool = FindPool(layout);
+  if (!pool.ok()) return pool.status();
+  if (!options_.share_pools) {
+    return absl::FailedPreconditionError(
+        "this store does not share its pools (start kvkeepd with "
+        "--share_pools: any process that maps a pool reads every session of "
+        "its layout)");
+  }
+  const PagePool& pages = *(*pool)->pages;
+  absl::StatusOr<SharedPool> handle = pages.memory().Share();
+  if (!handle.ok()) return handle.status();
+  return PoolMapping{(*pool)->layout, pages.memory().device(),
+                     pages.capacity_pages(), pages.memory().bytes(),
+                     *std::move(handle)};
 }
 
 absl::StatusOr<std::shared_ptr<PageQuota>> CacheStore::Admit(
@@ -145,6 +164,7 @@ absl::StatusOr<SessionSnapshot> CacheStore::ExportSession(SessionId id,
       id,
       [&](const Entry& entry, Session& s) -> absl::StatusOr<SessionSnapshot> {
         SessionSnapshot snapshot = s.Snapshot(with_bytes);
+        if (!s.device_error().ok()) return s.device_error();
         snapshot.tenant = entry.info.tenant;
         snapshot.policy = entry.policy_spec;
         return snapshot;

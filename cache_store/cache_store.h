@@ -42,6 +42,20 @@ struct StoreOptions {
   // Told about sessions and their work (see StoreObserver); not owned, must
   // outlive the store. Null: nobody is told.
   StoreObserver* observer = nullptr;
+  // Where every pool's pages live (ResolveDevice: host or cuda:N).
+  Device device;
+  // Pools another process on this machine can map (SharePool). Host pools
+  // then live in POSIX shared memory.
+  bool share_pools = false;
+};
+
+// How another process maps a layout's pool (CacheStore::SharePool).
+struct PoolMapping {
+  ModelLayout layout;
+  Device device;
+  int64_t capacity_pages = 0;
+  int64_t arena_bytes = 0;
+  SharedPool handle;
 };
 
 struct TenantStats {
@@ -66,6 +80,12 @@ class CacheStore {
 
   CacheStore(const CacheStore&) = delete;
   CacheStore& operator=(const CacheStore&) = delete;
+
+  // Where the pools live.
+  const Device& device() const { return options_.device; }
+  // The handle of a layout's pool: NOT_FOUND for an unknown layout;
+  // FAILED_PRECONDITION unless the store shares its pools.
+  absl::StatusOr<PoolMapping> SharePool(const std::string& layout) const;
 
   // NOT_FOUND for an unknown layout; INVALID_ARGUMENT for a bad policy or
   // budget; RESOURCE_EXHAUSTED past max_sessions or the tenant's limit. A

@@ -6,10 +6,11 @@
 // back in the pool. If too few such pages exist (protected tokens spread over
 // many pages), the rest is evicted token by token, as h2o would, so the
 // budget always holds.
-#include <algorithm>
-#include <limits>
+#include <cstdint>
+#include <vector>
 
 #include "cache_store/policy_registry.h"
+#include "kernels/page_scores.h"
 
 namespace kvkeep {
 namespace {
@@ -28,23 +29,13 @@ class H2OPagePolicy final : public EvictionPolicy {
                      std::vector<RankedItem>& scratch,
                      std::vector<int32_t>* victims) const override {
     const int32_t p = t.page_tokens;
-    const int64_t full_pages = t.size() / p;
+    const int64_t full_pages = FullPages(t.size(), p);
     std::vector<float> mean(full_pages);
     std::vector<int64_t> oldest(full_pages);
     std::vector<uint8_t> eligible(full_pages);
-    for (int64_t page = 0; page < full_pages; ++page) {
-      float sum = 0.0f;
-      int64_t first = std::numeric_limits<int64_t>::max();
-      bool ok = true;
-      for (int64_t s = page * p; s < (page + 1) * p; ++s) {
-        sum += t.score[s];
-        first = std::min(first, t.arrival[s]);
-        ok = ok && !IsProtected(t.arrival[s], t.appended);
-      }
-      mean[page] = sum / static_cast<float>(p);
-      oldest[page] = first;
-      eligible[page] = ok;
-    }
+    PageScores(t.score.data(), t.arrival.data(), t.size(), p,
+               ProtectedTokens{common().sinks, common().recent, t.appended},
+               mean.data(), oldest.data(), eligible.data());
     std::vector<int32_t> pages;
     SelectLowest(
         full_pages, (count + p - 1) / p, [&](int64_t i) { return mean[i]; },

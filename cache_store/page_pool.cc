@@ -1,16 +1,23 @@
 #include "cache_store/page_pool.h"
 
 #include <limits>
-#include <new>
 
 #include "absl/strings/str_cat.h"
 
 namespace kvkeep {
 namespace {
 constexpr OwnerId kFree = std::numeric_limits<OwnerId>::max();
+
+absl::StatusOr<std::unique_ptr<PageMemory>> CheckedFor(
+    const PageLayout& layout, std::unique_ptr<PageMemory> memory) {
+  if (absl::Status s = memory->CheckLayout(layout); !s.ok()) return s;
+  return memory;
+}
 }  // namespace
+
 absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(
-    const PageLayout& layout, int64_t capacity_pages) {
+    const PageLayout& layout, int64_t capacity_pages, Device device,
+    bool shareable) {
   if (capacity_pages <= 0 ||
       capacity_pages > std::numeric_limits<PageId>::max()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -20,23 +27,24 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(
     return absl::InvalidArgumentError("page layout has no bytes");
   }
   const int64_t bytes = capacity_pages * layout.page_bytes();
-  // Default-initialised: the kernel backs the memory lazily as pages are
-  // first written, so a large, mostly idle pool costs little.
-  std::unique_ptr<std::byte[]> arena(new (std::nothrow) std::byte[bytes]);
-  if (arena == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrCat("cannot reserve ", bytes,
-                                                     " bytes for a pool of ",
-                                                     capacity_pages, " pages"));
+  absl::StatusOr<std::unique_ptr<PageMemory>> memory =
+      NewPageMemory(device, bytes, shareable);
+  if (memory.ok()) memory = CheckedFor(layout, *std::move(memory));
+  if (!memory.ok()) {
+    return absl::Status(memory.status().code(),
+                        absl::StrCat("a pool of ", capacity_pages, " pages (",
+                                     bytes, " bytes) on ", device.name(), ": ",
+                                     memory.status().message()));
   }
   return std::unique_ptr<PagePool>(
-      new PagePool(layout, capacity_pages, std::move(arena)));
+      new PagePool(layout, capacity_pages, *std::move(memory)));
 }
 
 PagePool::PagePool(const PageLayout& layout, int64_t capacity_pages,
-                   std::unique_ptr<std::byte[]> arena)
+                   std::unique_ptr<PageMemory> memory)
     : layout_(layout),
       capacity_pages_(capacity_pages),
-      arena_(std::move(arena)) {
+      memory_(std::move(memory)) {
   absl::MutexLock lock(&mu_);
   free_.reserve(capacity_pages);
   // Lowest ids on top, so a fresh pool hands out 0, 1, 2, ...

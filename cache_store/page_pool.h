@@ -3,8 +3,9 @@
 // for n pages is all or nothing. The pool never over-commits: when pages run
 // out, Allocate returns RESOURCE_EXHAUSTED and changes nothing.
 //
-// The arena's bytes are owned by the pool; a page's bytes belong to whoever
-// holds the page, who reads and writes them through data(). Thread-safe.
+// The arena's bytes are owned by the pool, in its PageMemory (host memory or
+// a GPU); a page's bytes belong to whoever holds the page, who reads and
+// writes them through memory(). Thread-safe.
 #ifndef KVKEEP_CACHE_STORE_PAGE_POOL_H_
 #define KVKEEP_CACHE_STORE_PAGE_POOL_H_
 
@@ -19,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "cache_store/page_memory.h"
 #include "kernels/page_layout.h"
 
 namespace kvkeep {
@@ -36,9 +38,11 @@ struct PoolStats {
 
 class PagePool {
  public:
-  // Reserves capacity_pages * layout.page_bytes() bytes of host memory.
+  // Reserves capacity_pages * layout.page_bytes() bytes on `device` (host
+  // memory by default); see NewPageMemory for `shareable` and the errors.
   static absl::StatusOr<std::unique_ptr<PagePool>> Create(
-      const PageLayout& layout, int64_t capacity_pages);
+      const PageLayout& layout, int64_t capacity_pages, Device device = {},
+      bool shareable = false);
 
   PagePool(const PagePool&) = delete;
   PagePool& operator=(const PagePool&) = delete;
@@ -58,17 +62,20 @@ class PagePool {
   PoolStats stats() const;
 
   const PageLayout& layout() const { return layout_; }
+  int64_t capacity_pages() const { return capacity_pages_; }
   // The arena. Bytes of page p: [p * page_bytes, (p + 1) * page_bytes).
-  std::byte* data() { return arena_.get(); }
-  const std::byte* data() const { return arena_.get(); }
+  PageMemory& memory() const { return *memory_; }
+  // The arena when it is in host memory (null for a GPU pool).
+  std::byte* data() { return memory_->host_data(); }
+  const std::byte* data() const { return memory_->host_data(); }
 
  private:
   PagePool(const PageLayout& layout, int64_t capacity_pages,
-           std::unique_ptr<std::byte[]> arena);
+           std::unique_ptr<PageMemory> memory);
 
   const PageLayout layout_;
   const int64_t capacity_pages_;
-  const std::unique_ptr<std::byte[]> arena_;
+  const std::unique_ptr<PageMemory> memory_;
 
   mutable absl::Mutex mu_;
   std::vector<PageId> free_ ABSL_GUARDED_BY(mu_);  // a stack of free pages

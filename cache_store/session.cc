@@ -19,14 +19,13 @@ constexpr float kRowSumTolerance = 1e-2f;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Per-thread buffers for a step's attention rows and query logits, so memory
-// scales with threads, not sessions, and the hot path does not allocate.
+// Per-thread buffers for a step's attention rows, so memory scales with
+// threads, not sessions, and the hot path does not allocate.
 struct AttentionScratch {
   std::vector<float> rows;
   std::vector<int64_t> offsets;
   std::vector<const float*> row_ptrs;  // per layer update: its rows
-  std::vector<float> logits;
-  std::vector<uint8_t> seen;  // per layer: named in this call
+  std::vector<uint8_t> seen;           // per layer: named in this call
 };
 // Adds the time of its scope to *total (a monotonic clock).
 class ScopedTimer {
@@ -203,17 +202,8 @@ absl::Status Session::WriteSlots(int32_t index, int64_t first,
         " key and ", values.size(), " value bytes at slot ", first,
         " do not fit its ", layer.size(), " slots of ", token_bytes, " bytes"));
   }
-  std::byte* arena = pool_->data();
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t slot = first + i;
-    const PageId page = layer.pages[slot / layout_.page_tokens];
-    const int32_t in_page = static_cast<int32_t>(slot % layout_.page_tokens);
-    std::memcpy(arena + page_layout_.key_offset(page, in_page),
-                keys.data() + i * token_bytes, token_bytes);
-    std::memcpy(arena + page_layout_.value_offset(page, in_page),
-                values.data() + i * token_bytes, token_bytes);
-  }
-  return absl::OkStatus();
+  return DeviceCheck(pool_->memory().WriteSlots(
+      page_layout_, layer.pages, first, n, keys.data(), values.data()));
 }
 
 absl::Status Session::ReadSlots(int32_t index, int64_t first, int64_t n,
@@ -230,17 +220,8 @@ absl::Status Session::ReadSlots(int32_t index, int64_t first, int64_t n,
         ", ", first + n, ") into ", keys.size(), " bytes: outside its ",
         layer.size(), " slots or the wrong size"));
   }
-  const std::byte* arena = pool_->data();
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t slot = first + i;
-    const PageId page = layer.pages[slot / layout_.page_tokens];
-    const int32_t in_page = static_cast<int32_t>(slot % layout_.page_tokens);
-    std::memcpy(keys.data() + i * token_bytes,
-                arena + page_layout_.key_offset(page, in_page), token_bytes);
-    std::memcpy(values.data() + i * token_bytes,
-                arena + page_layout_.value_offset(page, in_page), token_bytes);
-  }
-  return absl::OkStatus();
+  return DeviceCheck(pool_->memory().ReadSlots(page_layout_, layer.pages, first,
+                                               n, keys.data(), values.data()));
 }
 
 SessionSnapshot Session::Snapshot(bool with_bytes) const {
@@ -263,9 +244,12 @@ SessionSnapshot Session::Snapshot(bool with_bytes) const {
     s.version = layer.version;
     s.budget = layer.budget;
     if (with_bytes) {
+      // A device error leaves the bytes out; the caller sees device_error().
       absl::StatusOr<LayerKvCopy> kv = ReadLayer(static_cast<int32_t>(l));
-      s.keys = std::move(kv->keys);
-      s.values = std::move(kv->values);
+      if (kv.ok()) {
+        s.keys = std::move(kv->keys);
+        s.values = std::move(kv->values);
+      }
     }
     out.layers.push_back(std::move(s));
   }
@@ -313,6 +297,16 @@ StepResult Session::EmptyResult() const {
   return result;
 }
 
+absl::Status Session::DeviceCheck(absl::Status status) const {
+  if (status.ok() || !device_error_.ok()) return device_error_;
+  device_error_ = absl::DataLossError(
+      absl::StrCat("session ", SessionName(id_), ": its pages on ",
+                   pool_->memory().device().name(),
+                   " are in an unknown state after a device error (",
+                   status.ToString(), "); close the session"));
+  return device_error_;
+}
+
 void Session::Evict(Layer& layer, int64_t count, int64_t appended_view,
                     int64_t incoming, LayerChange& change) {
   if (count <= 0) return;
@@ -334,7 +328,8 @@ void Session::Evict(Layer& layer, int64_t count, int64_t appended_view,
 
   const std::vector<SlotMove> moves =
       PlanCompaction(victims_, old_size, evicted_flags_);
-  MoveSlotBytes(pool_->data(), page_layout_, layer.pages, moves);
+  DeviceCheck(pool_->memory().MoveSlots(page_layout_, layer.pages, moves))
+      .IgnoreError();  // recorded in device_error_, reported by the caller
   MoveSlotValues(layer.position, moves, new_size);
   MoveSlotValues(layer.arrival, moves, new_size);
   MoveSlotValues(layer.score, moves, new_size);
@@ -393,8 +388,9 @@ absl::Status Session::ValidateAppend(const AppendRequest& request) const {
 }
 
 absl::StatusOr<StepResult> Session::Append(const AppendRequest& request) {
+  if (!device_error_.ok()) return device_error_;
   if (absl::Status s = ValidateAppend(request); !s.ok()) return s;
-  return ApplyAppend(request);
+  return AfterDevice(ApplyAppend(request));
 }
 
 absl::StatusOr<StepResult> Session::ApplyAppend(const AppendRequest& request) {
@@ -463,7 +459,6 @@ absl::StatusOr<StepResult> Session::ApplyAppend(const AppendRequest& request) {
 
   StepResult result = EmptyResult();
   size_t next_page = 0;
-  std::byte* arena = pool_->data();
   for (size_t l = 0; l < layers_.size(); ++l) {
     Layer& layer = layers_[l];
     const Plan& plan = plans[l];
@@ -478,23 +473,27 @@ absl::StatusOr<StepResult> Session::ApplyAppend(const AppendRequest& request) {
       change.pages_added.push_back(new_pages[next_page]);
       ++next_page;
     }
+    // The kept tokens are two runs around the ones dropped on arrival:
+    // [0, drop_begin) and [drop_begin + drop, n).
     const LayerKv& kv = request.layers[l];
-    int64_t slot = first;
+    const int64_t tail = plan.drop_begin + plan.drop;
+    DeviceCheck(pool_->memory().WriteSlots(page_layout_, layer.pages, first,
+                                           plan.drop_begin, kv.keys.data(),
+                                           kv.values.data()))
+        .IgnoreError();  // recorded in device_error_, reported by Append
+    DeviceCheck(pool_->memory().WriteSlots(
+                    page_layout_, layer.pages, first + plan.drop_begin,
+                    n - tail, kv.keys.data() + tail * token_bytes,
+                    kv.values.data() + tail * token_bytes))
+        .IgnoreError();
     for (int64_t i = 0; i < n; ++i) {
       const int64_t arrival = layer.appended++;
-      if (i >= plan.drop_begin && i < plan.drop_begin + plan.drop) {
+      if (i >= plan.drop_begin && i < tail) {
         change.evicted_positions.push_back(request.positions[i]);
         continue;
       }
-      const PageId page = layer.pages[slot / layout_.page_tokens];
-      const int32_t in_page = static_cast<int32_t>(slot % layout_.page_tokens);
-      std::memcpy(arena + page_layout_.key_offset(page, in_page),
-                  kv.keys.data() + i * token_bytes, token_bytes);
-      std::memcpy(arena + page_layout_.value_offset(page, in_page),
-                  kv.values.data() + i * token_bytes, token_bytes);
       layer.position.push_back(request.positions[i]);
       layer.arrival.push_back(arrival);
-      ++slot;
     }
     work_.evicted_tokens += plan.drop;
     layer.score.resize(size);
@@ -652,17 +651,15 @@ void Session::FinishAttention(std::span<const LayerScores> scores,
     const LayerScores& in = scores[i];
     if (in.source != ScoreSource::kQueries) continue;
     const Layer& layer = layers_[in.layer];
-    const int64_t n = layer.size();
     std::vector<int64_t> row_order(in.rows);
     for (int32_t r = 0; r < in.rows; ++r) {
       row_order[r] = layer.appended - in.rows + r;
     }
-    std::vector<float>& logits = ThreadScratch().logits;
-    logits.resize(int64_t{layout_.query_heads} * n + layout_.head_dim);
-    PagedKeys keys{pool_->data(), page_layout_, layer.pages, layer.arrival, n};
-    QueryAttention(keys, in.data.data(), row_order.data(), in.rows,
-                   layout_.query_heads, const_cast<float*>(rows[i]),
-                   logits.data());
+    DeviceCheck(pool_->memory().ScoreQueries(
+                    page_layout_, layer.pages, layer.arrival, in.data.data(),
+                    row_order.data(), in.rows, layout_.query_heads,
+                    const_cast<float*>(rows[i])))
+        .IgnoreError();  // recorded in device_error_, reported by the caller
   }
 }
 
@@ -708,6 +705,7 @@ absl::StatusOr<StepOutcome> Session::Step(const AppendRequest& append,
   }
   // Everything that can fail is checked before the append, so a refused step
   // changes nothing.
+  if (!device_error_.ok()) return device_error_;
   if (absl::Status s = ValidateAppend(append); !s.ok()) return s;
   AttentionScratch& scratch = ThreadScratch();
   const int64_t growth = static_cast<int64_t>(append.positions.size());
@@ -719,8 +717,8 @@ absl::StatusOr<StepOutcome> Session::Step(const AppendRequest& append,
   absl::StatusOr<StepResult> appended = ApplyAppend(append);
   if (!appended.ok()) return appended.status();
   FinishAttention(scores, scratch.row_ptrs);
-  return StepOutcome{*std::move(appended),
-                     ApplyAttention(scores, scratch.row_ptrs, false)};
+  return AfterDevice(absl::StatusOr<StepOutcome>(StepOutcome{
+      *std::move(appended), ApplyAttention(scores, scratch.row_ptrs, false)}));
 }
 
 absl::StatusOr<StepResult> Session::UpdateScores(
@@ -730,6 +728,7 @@ absl::StatusOr<StepResult> Session::UpdateScores(
         "session ", SessionName(id_), ": policy '", policy_->name(),
         "' does not use per-step attention scores"));
   }
+  if (!device_error_.ok()) return device_error_;
   AttentionScratch& scratch = ThreadScratch();
   if (absl::Status s = PrepareAttention(scores, /*growth=*/0, scratch.rows,
                                         scratch.row_ptrs);
@@ -737,7 +736,8 @@ absl::StatusOr<StepResult> Session::UpdateScores(
     return s;
   }
   FinishAttention(scores, scratch.row_ptrs);
-  return ApplyAttention(scores, scratch.row_ptrs, /*compress=*/false);
+  return AfterDevice(absl::StatusOr<StepResult>(
+      ApplyAttention(scores, scratch.row_ptrs, /*compress=*/false)));
 }
 
 absl::StatusOr<StepResult> Session::CompressPrompt(
@@ -767,6 +767,7 @@ absl::StatusOr<StepResult> Session::CompressPrompt(
                        " rows of the observation window, got ", in.rows));
     }
   }
+  if (!device_error_.ok()) return device_error_;
   AttentionScratch& scratch = ThreadScratch();
   if (absl::Status s = PrepareAttention(window, /*growth=*/0, scratch.rows,
                                         scratch.row_ptrs);
@@ -774,7 +775,8 @@ absl::StatusOr<StepResult> Session::CompressPrompt(
     return s;
   }
   FinishAttention(window, scratch.row_ptrs);
-  return ApplyAttention(window, scratch.row_ptrs, /*compress=*/true);
+  return AfterDevice(absl::StatusOr<StepResult>(
+      ApplyAttention(window, scratch.row_ptrs, /*compress=*/true)));
 }
 
 absl::StatusOr<BlockTable> Session::GetBlockTable(int32_t index) const {

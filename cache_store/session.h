@@ -99,6 +99,10 @@ class Session {
   absl::Status ReadSlots(int32_t layer, int64_t first, int64_t n,
                          std::span<std::byte> keys,
                          std::span<std::byte> values) const;
+  // OK unless a device error left the session's pages in an unknown state;
+  // then every call that reads or changes them returns this DATA_LOSS
+  // status, and the session should be closed.
+  const absl::Status& device_error() const { return device_error_; }
   // What the session has done since it was created (for monitoring).
   const SessionWork& work() const { return work_; }
 
@@ -160,6 +164,14 @@ class Session {
   StepResult ApplyAttention(std::span<const LayerScores> scores,
                             std::span<const float* const> rows, bool compress);
   StepResult EmptyResult() const;
+  // Records the first failed page-memory call as device_error_ (a host pool
+  // never fails) and returns device_error_.
+  absl::Status DeviceCheck(absl::Status status) const;
+  template <typename T>
+  absl::StatusOr<T> AfterDevice(absl::StatusOr<T> result) const {
+    if (!device_error_.ok()) return device_error_;
+    return result;
+  }
 
   const SessionId id_;
   const ModelLayout layout_;
@@ -171,6 +183,7 @@ class Session {
   int64_t last_position_ = -1;
   SessionWork work_;
   bool compressed_ = false;
+  mutable absl::Status device_error_;
   // Reused per call to avoid allocating on the hot path.
   std::vector<RankedItem> select_scratch_;
   std::vector<int32_t> victims_;

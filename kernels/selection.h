@@ -77,6 +77,29 @@ void SelectLowest(int64_t n, int64_t k, KeyFn key, TieFn tie,
   for (int64_t i = 0; i < take; ++i) out->push_back(scratch[i].index);
 }
 
+// Appends to *out the k lowest-ranked unprotected slots of a layer, in rank
+// order: the CPU twin of the CUDA selection kernel (kernels/cuda/selection.h)
+// and the rule EvictionPolicy::SelectLowestUnprotected applies.
+//   scores, arrival: [slots]; arrival is the slot's 0-based arrival order in
+//     the layer, unique per slot.
+// A slot is eligible when sinks <= arrival < appended - recent (the first
+// `sinks` and the last `recent` tokens ever appended are protected). Rank is
+// ascending score, then ascending arrival; scores compare as floats, so -0.0
+// and 0.0 are equal and their tie goes to the older token. Scores must not be
+// NaN. Fewer than k slots are appended when fewer are eligible.
+inline void SelectLowestUnprotected(const float* scores, const int64_t* arrival,
+                                    int64_t slots, int64_t appended,
+                                    int64_t sinks, int64_t recent, int64_t k,
+                                    std::vector<RankedItem>& scratch,
+                                    std::vector<int32_t>* out) {
+  const int64_t end = appended - recent;
+  SelectLowest(
+      slots, k, [&](int64_t i) { return scores[i]; },
+      [&](int64_t i) { return arrival[i]; },
+      [&](int64_t i) { return arrival[i] >= sinks && arrival[i] < end; },
+      scratch, out);
+}
+
 }  // namespace kvkeep
 
 #endif  // KVKEEP_KERNELS_SELECTION_H_

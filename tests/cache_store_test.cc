@@ -22,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/dtype.h"
+#include "tests/test_device.h"
 #include "tests/token_data.h"
 
 namespace kvkeep {
@@ -125,6 +126,7 @@ class Harness {
                    int64_t capacity_pages = 1024,
                    int64_t max_sessions = 1 << 16) {
     StoreOptions options;
+    options.device = test_support::TestDevice();
     options.max_sessions = max_sessions;
     for (const ModelLayout& l : layouts) {
       options.pools.push_back(PoolSpec{l, capacity_pages});

@@ -28,6 +28,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/test_device.h"
 
 namespace kvkeep {
 namespace {
@@ -117,7 +118,8 @@ ModelLayout OneLayer(int32_t kv_heads, int32_t query_heads, int32_t head_dim,
 
 std::unique_ptr<CacheStore> NewStore(const ModelLayout& layout) {
   absl::StatusOr<std::unique_ptr<CacheStore>> store =
-      CacheStore::Create(StoreOptions{{PoolSpec{layout, 4096}}});
+      CacheStore::Create(StoreOptions{.pools = {PoolSpec{layout, 4096}},
+                                      .device = test_support::TestDevice()});
   EXPECT_TRUE(store.ok()) << store.status();
   return store.ok() ? *std::move(store) : nullptr;
 }

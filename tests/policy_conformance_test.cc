@@ -40,6 +40,7 @@
 #include "cache_store/policy_registry.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/test_device.h"
 
 namespace kvkeep {
 namespace {
@@ -102,8 +103,9 @@ ModelLayout MakeLayout(int32_t layers, int32_t kv_heads, int32_t query_heads,
 
 std::unique_ptr<CacheStore> MakeStore(const ModelLayout& layout,
                                       int64_t capacity_pages) {
-  absl::StatusOr<std::unique_ptr<CacheStore>> store =
-      CacheStore::Create(StoreOptions{{PoolSpec{layout, capacity_pages}}});
+  absl::StatusOr<std::unique_ptr<CacheStore>> store = CacheStore::Create(
+      StoreOptions{.pools = {PoolSpec{layout, capacity_pages}},
+                   .device = test_support::TestDevice()});
   EXPECT_TRUE(store.ok()) << store.status();
   return store.ok() ? *std::move(store) : nullptr;
 }

@@ -19,6 +19,7 @@
 #include "cache_store/cache_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/test_device.h"
 #include "tests/token_data.h"
 
 namespace kvkeep {
@@ -41,6 +42,7 @@ ModelLayout Layout() {
 
 std::unique_ptr<CacheStore> MakeStore(int64_t pages) {
   StoreOptions options;
+  options.device = test_support::TestDevice();
   options.pools.push_back(PoolSpec{Layout(), pages});
   return *CacheStore::Create(options);
 }

@@ -23,6 +23,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/dtype.h"
+#include "tests/test_device.h"
 #include "tests/token_data.h"
 
 namespace kvkeep {
@@ -81,6 +82,7 @@ class Harness {
   explicit Harness(std::vector<ModelLayout> layouts,
                    int64_t capacity_pages = 1024) {
     StoreOptions options;
+    options.device = test_support::TestDevice();
     for (const ModelLayout& l : layouts) {
       options.pools.push_back(PoolSpec{l, capacity_pages});
       layouts_[l.name] = l;

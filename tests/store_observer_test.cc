@@ -14,6 +14,7 @@
 #include "cache_store/cache_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/test_device.h"
 #include "tests/token_data.h"
 
 namespace kvkeep {
@@ -65,6 +66,7 @@ class StoreObserverTest : public ::testing::Test {
  protected:
   StoreObserverTest() {
     StoreOptions options;
+    options.device = test_support::TestDevice();
     options.pools.push_back(PoolSpec{OneLayer(), 64});
     options.observer = &observer_;
     store_ = *CacheStore::Create(options);

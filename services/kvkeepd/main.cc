@@ -77,6 +77,11 @@ ABSL_FLAG(int64_t, test_transfer_chunk_delay_ms, 0,
           "test only: pause before sending each transfer chunk");
 ABSL_FLAG(int64_t, test_corrupt_transfer_chunk, -1,
           "test only: flip a bit of this transfer chunk after its checksum");
+ABSL_FLAG(std::string, device, "",
+          "where the pools live: host (default), auto, cuda or cuda:N");
+ABSL_FLAG(bool, share_pools, false,
+          "let workers on this machine map the pools (MapPool); host pools "
+          "then live in POSIX shared memory");
 ABSL_FLAG(bool, exit_after_start, false,
           "exit 0 once serving has started (a smoke test of the start-up)");
 
@@ -130,6 +135,8 @@ absl::StatusOr<ServerConfig> LoadConfig() {
     config.drain_seconds = d;
   }
   if (absl::GetFlag(FLAGS_log_events)) config.log_events = true;
+  set_string(FLAGS_device, config.device);
+  if (absl::GetFlag(FLAGS_share_pools)) config.share_pools = true;
   if (!config.tenants_file.empty()) {
     absl::StatusOr<std::string> text = ReadFile(config.tenants_file);
     if (!text.ok()) return text.status();
@@ -288,7 +295,15 @@ int Main(int argc, char** argv) {
   auto registry = std::make_shared<prometheus::Registry>();
   StoreMetrics metrics(*registry, config->metrics_session_series,
                        KVKEEP_VERSION);
+  absl::StatusOr<Device> device = ResolveDevice(config->device);
+  if (!device.ok()) {
+    std::fprintf(stderr, "kvkeepd: --device: %s\n",
+                 device.status().ToString().c_str());
+    return 2;
+  }
   StoreOptions store_options;
+  store_options.device = *device;
+  store_options.share_pools = config->share_pools;
   store_options.observer = &metrics;
   store_options.pools = config->pools;
   store_options.max_sessions = config->max_sessions;
@@ -304,11 +319,12 @@ int Main(int argc, char** argv) {
     const ModelLayout& l = s.layout;
     std::printf(
         "kvkeepd: layout '%s': %d layers, %d kv / %d query heads, head_dim "
-        "%d, %s, %d tokens per page; host pool of %lld pages (%.1f MiB)\n",
+        "%d, %s, %d tokens per page; %s pool of %lld pages (%.1f MiB)%s\n",
         l.name.c_str(), l.num_layers, l.kv_heads, l.query_heads, l.head_dim,
         std::string(DTypeName(l.dtype)).c_str(), l.page_tokens,
-        static_cast<long long>(s.pool.capacity_pages),
-        s.pool.capacity_pages * s.pool.page_bytes / 1048576.0);
+        device->name().c_str(), static_cast<long long>(s.pool.capacity_pages),
+        s.pool.capacity_pages * s.pool.page_bytes / 1048576.0,
+        config->share_pools ? ", shared" : "");
   }
   if (absl::GetFlag(FLAGS_self_check)) {
     if (absl::Status s = SelfCheck(**store); !s.ok()) {
@@ -326,6 +342,7 @@ int Main(int argc, char** argv) {
   service_options.max_sessions = config->max_sessions;
   service_options.max_message_bytes = config->max_message_bytes;
   service_options.log_events = config->log_events;
+  service_options.backend = device->name();
   TransferMetrics transfer_metrics(*registry);
   service_options.on_transfer = [&transfer_metrics](const TransferReport& r) {
     transfer_metrics.Record(r.transport, r.outgoing, r.code, r.bytes,

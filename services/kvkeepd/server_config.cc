@@ -151,11 +151,11 @@ absl::Status ApplyConfigJson(absl::string_view text, ServerConfig& config) {
   absl::StatusOr<Json> parsed = ParseJson(text, "config");
   if (!parsed.ok()) return parsed.status();
   const Json& j = *parsed;
-  KVKEEP_RETURN_IF_ERROR(
-      CheckKeys(j, "the config",
-                {"listen", "metrics_listen", "metrics_session_series",
-                 "layouts", "default_policy", "limits", "tenants",
-                 "tenants_file", "tls", "drain_seconds", "log_events"}));
+  KVKEEP_RETURN_IF_ERROR(CheckKeys(
+      j, "the config",
+      {"listen", "metrics_listen", "metrics_session_series", "layouts",
+       "default_policy", "limits", "tenants", "tenants_file", "tls",
+       "drain_seconds", "log_events", "device", "share_pools"}));
   KVKEEP_RETURN_IF_ERROR(Read(j, "metrics_session_series", "config",
                               config.metrics_session_series));
   if (config.metrics_session_series < 0) {
@@ -170,6 +170,8 @@ absl::Status ApplyConfigJson(absl::string_view text, ServerConfig& config) {
   KVKEEP_RETURN_IF_ERROR(
       Read(j, "drain_seconds", "config", config.drain_seconds));
   KVKEEP_RETURN_IF_ERROR(Read(j, "log_events", "config", config.log_events));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "device", "config", config.device));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "share_pools", "config", config.share_pools));
   if (auto it = j.find("layouts"); it != j.end()) {
     if (!it->is_array() || it->empty()) {
       return absl::InvalidArgumentError(

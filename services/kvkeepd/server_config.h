@@ -44,6 +44,13 @@ struct ServerConfig {
   TlsConfig tls;
   double drain_seconds = 10;  // graceful shutdown deadline
   bool log_events = false;    // one line per session create/close and error
+  // Where the pools live: "host", "auto" (the first GPU if there is one),
+  // "cuda" or "cuda:N" (ResolveDevice).
+  std::string device = "host";
+  // Lets workers on this machine map the pools (the MapPool RPC); host pools
+  // then live in POSIX shared memory. Off by default: a mapped pool shows
+  // every session of its layout, whatever its tenant.
+  bool share_pools = false;
 };
 
 // The embedded default: one small Llama-like "demo" layout (8 layers, 8 kv /

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# The GPU device check: one prepared run on a machine with one NVIDIA GPU
+# (an H200 in this project) that has CUDA and CMake but no Debian -dev
+# packages. It builds the core, the CUDA kernels and their tests with every
+# core (gRPC services left out), runs
+#   1. the GPU tests (label gpu): each CUDA kernel against its CPU twin,
+#      the CUDA page memory, CUDA IPC from a second process;
+#   2. the whole store suite with its pools on the GPU
+#      (KVKEEP_TEST_DEVICE=cuda:0);
+#   3. the kernel benchmarks (bench/gpu/kernel_bench);
+# and writes summary.txt and the logs under $OUT (or ./device-check-out).
+# It ends well inside 8 minutes: each step has its own timeout.
+#
+# Needs .device/ (tests/gpu/prepare_carry.sh; carry it). Without a GPU it
+# still builds and runs what runs on a CPU (the rehearsal: the GPU tests
+# skip, step 2 and 3 are skipped).
+#   usage: tests/gpu/device_check.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out="${OUT:-$PWD/device-check-out}"
+mkdir -p "$out"
+summary="$out/summary.txt"
+: >"$summary"
+say() { echo "$*" | tee -a "$summary"; }
+started=$SECONDS
+
+say "== machine"
+say "os: $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME") ($(uname -srm))"
+say "cxx: $(c++ --version 2>/dev/null | head -1)"
+say "nvcc: $(nvcc --version 2>/dev/null | tail -1)"
+say "cmake: $(cmake --version | head -1)"
+say "cores: $(nproc)"
+have_gpu=0
+if nvidia-smi -L >/dev/null 2>&1; then
+  have_gpu=1
+  say "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total \
+    --format=csv,noheader | head -1)"
+else
+  say "gpu: none (rehearsal: GPU tests skip, GPU runs are left out)"
+fi
+
+if [ ! -d .device/googletest ] || [ ! -d .device/root/usr ]; then
+  say "FAIL: .device/ is missing: run tests/gpu/prepare_carry.sh and carry it"
+  exit 1
+fi
+
+build=build-gpu
+say "== build ($build)"
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+# The carried prefix only: the device machine has no system Abseil, and the
+# rehearsal must not lean on this machine's.
+if ! timeout 120 cmake -S . -B "$build" "${generator[@]}" \
+    -DCMAKE_BUILD_TYPE=Release -DKVKEEP_BUILD_SERVICES=OFF \
+    -DKVKEEP_BUILD_BENCH=OFF -DKVKEEP_CUDA=ON \
+    -DKVKEEP_GTEST_SOURCE_DIR="$PWD/.device/googletest" \
+    -DCMAKE_PREFIX_PATH="$PWD/.device/root/usr" \
+    -DCMAKE_FIND_USE_CMAKE_SYSTEM_PATH=OFF >"$out/configure.log" 2>&1; then
+  say "FAIL: configure (configure.log)"
+  tail -30 "$out/configure.log"
+  exit 1
+fi
+if ! timeout 300 cmake --build "$build" --parallel "$(nproc)" \
+    >"$out/build.log" 2>&1; then
+  say "FAIL: build (build.log)"
+  grep -E "error|Error" -A3 "$out/build.log" | head -40
+  exit 1
+fi
+say "built in $((SECONDS - started)) s"
+
+status=0
+run_ctest() {  # NAME TIMEOUT ctest-args...
+  local name="$1" limit="$2"
+  shift 2
+  timeout "$limit" ctest --test-dir "$build" --output-on-failure \
+    --parallel "$(nproc)" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  say "$name: $(grep -E "tests passed|No tests were found" "$out/$name.log" |
+    tail -1) (exit $rc)"
+  local skipped
+  skipped=$(grep -c "Skipped" "$out/$name.log")
+  say "$name: $skipped skipped"
+  [ $rc -eq 0 ] || {
+    status=1
+    grep -E "Failed|FAILED|\*\*\*" "$out/$name.log" | head -20 | tee -a "$summary"
+  }
+}
+
+say "== GPU tests (label gpu)"
+run_ctest gpu_tests 150 -L gpu
+if [ $have_gpu -eq 1 ]; then
+  say "== the store suite on cuda:0"
+  KVKEEP_TEST_DEVICE=cuda:0 run_ctest store_on_cuda 150 -LE gpu
+  say "== kernel benchmarks"
+  if timeout 90 "$build/bin/kernel_bench" >"$out/kernel_bench.log" 2>&1; then
+    grep -E "^(kernel=|peak|device)" "$out/kernel_bench.log" | tee -a "$summary"
+  else
+    say "FAIL: kernel_bench (kernel_bench.log)"
+    tail -20 "$out/kernel_bench.log"
+    status=1
+  fi
+else
+  say "== the store suite on the host (no GPU)"
+  run_ctest store_on_host 150 -LE gpu
+fi
+say "== done in $((SECONDS - started)) s, status $status"
+exit $status
