@@ -1,5 +1,7 @@
 #include "services/kvkeepd/kvkeep_service.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <optional>
@@ -272,6 +274,57 @@ grpc::ServerUnaryReactor* KvKeepService::GetBlockTables(
       absl::StatusOr<BlockTable> table = store_->GetBlockTable(*id, layer);
       if (!table.ok()) return table.status();
       BlockTableToProto(*table, resp->add_tables());
+    }
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* KvKeepService::MapPool(
+    grpc::CallbackServerContext* ctx, const v1::MapPoolRequest* req,
+    v1::MapPoolResponse* resp) {
+  return Unary(ctx, "MapPool", [&]() -> absl::Status {
+    std::string layout = req->layout();
+    std::optional<SessionStats> session;
+    if (!req->session_id().empty()) {
+      absl::StatusOr<SessionId> id = CallerSession(*ctx, req->session_id());
+      if (!id.ok()) return id.status();
+      absl::StatusOr<SessionStats> stats = store_->GetStats(*id);
+      if (!stats.ok()) return stats.status();
+      if (!layout.empty() && layout != stats->layout) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("session ", req->session_id(), " has layout '",
+                         stats->layout, "', not '", layout, "'"));
+      }
+      layout = stats->layout;
+      session = *std::move(stats);
+    } else {
+      if (absl::StatusOr<std::string> t = Authenticate(*ctx); !t.ok()) {
+        return t.status();
+      }
+      if (layout.empty()) {
+        return absl::InvalidArgumentError(
+            "MapPool needs a layout or a session_id");
+      }
+    }
+    absl::StatusOr<PoolMapping> mapping = store_->SharePool(layout);
+    if (!mapping.ok()) return mapping.status();
+    LayoutToProto(mapping->layout, resp->mutable_layout());
+    resp->set_device(mapping->device.name());
+    resp->set_arena_bytes(mapping->arena_bytes);
+    resp->set_capacity_pages(mapping->capacity_pages);
+    if (!mapping->handle.cuda_ipc_handle.empty()) {
+      resp->set_cuda_ipc_handle(mapping->handle.cuda_ipc_handle);
+    } else {
+      resp->set_shm_name(mapping->handle.shm_name);
+    }
+    resp->set_server_pid(static_cast<int32_t>(getpid()));
+    if (session.has_value()) {
+      for (size_t l = 0; l < session->layer_resident.size(); ++l) {
+        absl::StatusOr<BlockTable> table =
+            store_->GetBlockTable(session->id, static_cast<int32_t>(l));
+        if (!table.ok()) return table.status();
+        BlockTableToProto(*table, resp->add_tables());
+      }
     }
     return absl::OkStatus();
   });

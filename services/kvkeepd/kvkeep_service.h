@@ -72,6 +72,9 @@ class KvKeepService final : public v1::KvKeep::CallbackService {
   grpc::ServerUnaryReactor* GetBlockTables(
       grpc::CallbackServerContext* ctx, const v1::GetBlockTablesRequest* req,
       v1::GetBlockTablesResponse* resp) override;
+  grpc::ServerUnaryReactor* MapPool(grpc::CallbackServerContext* ctx,
+                                    const v1::MapPoolRequest* req,
+                                    v1::MapPoolResponse* resp) override;
   grpc::ServerWriteReactor<v1::KvChunk>* ReadKv(
       grpc::CallbackServerContext* ctx, const v1::ReadKvRequest* req) override;
   grpc::ServerUnaryReactor* TransferSession(

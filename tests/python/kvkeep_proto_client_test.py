@@ -7,7 +7,14 @@ kvkeepd on an ephemeral loopback port with a small f32 layout, and drives it
 the way a worker would: prefill, a Decode stream with head-reduced
 probabilities computed here, a block-table mirror kept only from the
 LayerChange replies (in the order the .proto documents), an H2O replica that
-predicts every eviction, and a byte-exact ReadKv.
+predicts every eviction, and a byte-exact ReadKv. kvkeepd runs with
+--share_pools, so the test also maps the layout's host pool the way a
+same-machine worker would (MapPool: the POSIX shared-memory name, opened
+read-only with mmap) and checks that every slot the returned block tables
+name holds, at the offsets the .proto's page geometry gives, exactly the
+keys and values sent for that position (and what ReadKv returns); MapPool
+with neither layout nor session is INVALID_ARGUMENT, an unknown layout
+NOT_FOUND.
 
 Usage:
   kvkeep_proto_client_test.py --kvkeepd PATH --proto_dir DIR [unittest args]
@@ -20,6 +27,7 @@ grpc_python_plugin.
 import argparse
 import ctypes
 import json
+import mmap
 import os
 import queue
 import random
@@ -60,6 +68,7 @@ _tmp = None  # temp dir holding the stubs and the config
 _server = None  # the kvkeepd subprocess
 _address = None  # "127.0.0.1:PORT" it printed
 _stdout_lines = []  # everything kvkeepd printed, for failure messages
+_shm_paths = set()  # /dev/shm files MapPool named: gone once kvkeepd exits
 
 
 def _generate_stubs(out_dir):
@@ -100,6 +109,7 @@ def _start_server(config_path):
         "--metrics_listen=127.0.0.1:0",
         "--self_check=false",
         "--drain_seconds=2",
+        "--share_pools",  # host pools in POSIX shared memory (MapPool)
         "--config=" + config_path,
     ]
     proc = subprocess.Popen(
@@ -162,6 +172,10 @@ def tearDownModule():
                 raise AssertionError(
                     "kvkeepd exited %d on SIGTERM:\n%s" % (rc, "".join(_stdout_lines))
                 )
+            # A pool's shared-memory object lives only as long as kvkeepd.
+            left = sorted(p for p in _shm_paths if os.path.exists(p))
+            if left:
+                raise AssertionError("kvkeepd left %s behind" % left)
     finally:
         if _tmp is not None:
             shutil.rmtree(_tmp, ignore_errors=True)
@@ -372,8 +386,12 @@ class ProtoClientTest(unittest.TestCase):
         self.assertEqual(info.pools[0].capacity_pages, LAYOUT["pool_pages"])
         self.assertEqual(info.pools[0].page_bytes, page_bytes)
 
-    def test_h2o_decode_stream_mirrors_block_tables_and_reads_kv_back(self):
-        budget, sinks, recent = 12, 2, 4
+    def prefill_and_decode(self, budget, sinks, recent, steps, seed):
+        """Creates an h2o session, prefills 8 tokens and decodes `steps` more,
+        checking every reply against the mirrors and the H2O replicas.
+
+        Returns (session_id, mirrors, replicas, evictions, moves, pages_freed).
+        """
         created = self.create_h2o(budget, sinks, recent)
         sid = created.session_id
         self.assertRegex(sid, r"^[0-9a-f]{16}$")
@@ -398,11 +416,11 @@ class ProtoClientTest(unittest.TestCase):
                 for p in chunk.positions:
                     replicas[l].append(p)
 
-        # 50 decode steps, each appending one token and scoring it.
-        rng = random.Random(20240503)
+        # The decode steps, each appending one token and scoring it.
+        rng = random.Random(seed)
         stream = DecodeStream(self.stub)
         evictions = moves = pages_freed = 0
-        for step in range(50):
+        for step in range(steps):
             position = 8 + step
             request = pb.DecodeStep(append=append_request([position]))
             if step == 0:
@@ -445,6 +463,14 @@ class ProtoClientTest(unittest.TestCase):
                 moves += len(scored.moves)
                 pages_freed += len(scored.pages_freed)
         self.assertEqual(stream.close(), grpc.StatusCode.OK)
+        return sid, mirrors, replicas, evictions, moves, pages_freed
+
+    def test_h2o_decode_stream_mirrors_block_tables_and_reads_kv_back(self):
+        budget, sinks, recent = 12, 2, 4
+        layers = LAYOUT["num_layers"]
+        sid, mirrors, replicas, evictions, moves, pages_freed = (
+            self.prefill_and_decode(budget, sinks, recent, 50, seed=20240503)
+        )
         # 58 tokens into a budget of 12, one eviction per step per layer
         # once full: 46 per layer.
         self.assertEqual(evictions, layers * (58 - budget))
@@ -540,6 +566,84 @@ class ProtoClientTest(unittest.TestCase):
             # All scores equal: the oldest goes first.
             self.assertEqual(list(reply.scores.layers[l].evicted_positions), [0])
             self.assertEqual(reply.scores.layers[l].resident, budget)
+
+    def test_map_pool_shares_the_host_pool_read_only(self):
+        budget, sinks, recent = 10, 1, 3
+        layers = LAYOUT["num_layers"]
+        sid, mirrors, _, evictions, moves, _ = self.prefill_and_decode(
+            budget, sinks, recent, 40, seed=7
+        )
+        # Compaction moved slots, so slot order is not position order: the
+        # bytes below must follow the tables, not a guess.
+        self.assertEqual(evictions, layers * (48 - budget))
+        self.assertGreater(moves, 0)
+
+        mapped = self.stub.MapPool(pb.MapPoolRequest(session_id=sid))
+        page_tokens = LAYOUT["page_tokens"]
+        token_bytes = TOKEN_ELEMS * F32_BYTES  # one token's K (or V), a layer
+        self.assertEqual(mapped.layout.name, LAYOUT["name"])
+        self.assertEqual(mapped.layout.page_tokens, page_tokens)
+        self.assertEqual(mapped.layout.page_bytes, 2 * page_tokens * token_bytes)
+        page_bytes = mapped.layout.page_bytes
+        self.assertEqual(mapped.device, "host")
+        self.assertEqual(mapped.capacity_pages, LAYOUT["pool_pages"])
+        self.assertEqual(mapped.arena_bytes, mapped.capacity_pages * page_bytes)
+        self.assertEqual(mapped.WhichOneof("handle"), "shm_name")
+        self.assertTrue(mapped.shm_name.startswith("/"), mapped.shm_name)
+        self.assertEqual(mapped.server_pid, _server.pid)
+        # The tables are the session's, as the mirrors kept them.
+        self.assertEqual([t.layer for t in mapped.tables], list(range(layers)))
+        for l, table in enumerate(mapped.tables):
+            self.assertEqual(table.version, mirrors[l].version)
+            self.assertEqual(table.page_tokens, page_tokens)
+            self.assertEqual(list(table.pages), mirrors[l].pages)
+            self.assertEqual(list(table.positions), mirrors[l].positions)
+
+        # The layout alone maps the same pool, without tables.
+        by_layout = self.stub.MapPool(pb.MapPoolRequest(layout=LAYOUT["name"]))
+        self.assertEqual(by_layout.shm_name, mapped.shm_name)
+        self.assertEqual(by_layout.arena_bytes, mapped.arena_bytes)
+        self.assertEqual(len(by_layout.tables), 0)
+
+        # Map it the way a worker on this machine would: shm_open(name,
+        # O_RDONLY) is /dev/shm/<name without its leading slash> on Linux.
+        path = os.path.join("/dev/shm", mapped.shm_name[1:])
+        _shm_paths.add(path)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            self.assertGreaterEqual(os.fstat(fd).st_size, mapped.arena_bytes)
+            arena = mmap.mmap(fd, mapped.arena_bytes, prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)  # the mapping outlives the descriptor
+        kv, _ = read_kv(self.stub, sid)
+        with arena:
+            with self.assertRaises(TypeError):
+                arena[0:1] = b"x"  # read-only
+            for l, table in enumerate(mapped.tables):
+                _, read_positions, read_keys, read_values = kv[l]
+                self.assertEqual(read_positions, list(table.positions))
+                for slot, position in enumerate(table.positions):
+                    page = table.pages[slot // page_tokens]
+                    self.assertLess(page, mapped.capacity_pages)
+                    k_at = page * page_bytes + (slot % page_tokens) * token_bytes
+                    v_at = k_at + page_tokens * token_bytes
+                    keys = arena[k_at : k_at + token_bytes]
+                    values = arena[v_at : v_at + token_bytes]
+                    sent_k, sent_v = token_kv(l, position)
+                    where = "layer %d slot %d position %d" % (l, slot, position)
+                    self.assertEqual(keys, sent_k, where)
+                    self.assertEqual(values, sent_v, where)
+                    one = slice(slot * token_bytes, (slot + 1) * token_bytes)
+                    self.assertEqual(keys, read_keys[one], where)
+                    self.assertEqual(values, read_values[one], where)
+
+    def test_map_pool_needs_a_known_layout_or_a_session(self):
+        with self.assertRaises(grpc.RpcError) as err:
+            self.stub.MapPool(pb.MapPoolRequest())
+        self.assertEqual(err.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        with self.assertRaises(grpc.RpcError) as err:
+            self.stub.MapPool(pb.MapPoolRequest(layout="no_such_layout"))
+        self.assertEqual(err.exception.code(), grpc.StatusCode.NOT_FOUND)
 
     def test_unknown_session_is_not_found(self):
         with self.assertRaises(grpc.RpcError) as err:

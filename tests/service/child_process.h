@@ -174,6 +174,7 @@ class Child {
   Child& operator=(const Child&) = delete;
 
   void Signal(int sig) { ASSERT_EQ(kill(pid_, sig), 0) << strerror(errno); }
+  pid_t pid() const { return pid_; }
 
   // The wait status once the child exits, or DEADLINE_EXCEEDED after
   // `timeout` (the child is left running).

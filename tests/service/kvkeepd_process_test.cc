@@ -11,6 +11,7 @@
 // Waits here have a generous limit (kPatience) only so that a hang fails
 // the test instead of blocking ctest; no test measures time.
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -39,6 +40,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "cache_store/page_memory.h"
 #include "gmock/gmock.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
@@ -758,6 +760,106 @@ TEST_F(KvkeepdTlsTest, RequiresAClientCertificateWhenAClientCaIsSet) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << Describe(s);
   s = GetServerInfo(*client_with("stranger"));
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << Describe(s);
+}
+
+// --device: where the pools live. A device this machine does not have is a
+// start-up error naming it; auto falls back to host memory without a GPU.
+TEST_F(KvkeepdProcessTest, ADeviceThisMachineLacksStopsStartUp) {
+  ExpectStartupRefused("--device=cuda:7", "cuda:7");
+  ExpectStartupRefused("--device=gpu0", "not one of host, auto, cuda, cuda:N");
+}
+
+TEST_F(KvkeepdProcessTest, AutoDevicePicksAGpuWhenThereIsOneElseHost) {
+  absl::StatusOr<Started> kvkeepd = StartKvkeepd({"--device=auto"});
+  ASSERT_TRUE(kvkeepd.ok()) << kvkeepd.status();
+  auto stub = v1::KvKeep::NewStub(Channel(kvkeepd->address));
+  v1::ServerInfo info;
+  ASSERT_TRUE(GetServerInfo(*stub, &info).ok());
+  EXPECT_EQ(info.backend(), CudaDeviceCount() > 0 ? "cuda:0" : "host");
+}
+
+// MapPool: this test process is the co-located worker. It maps the host
+// pool's shared memory read-only and finds, at the offsets the block tables
+// give, exactly the bytes it sent, after evictions have compacted the slots.
+TEST_F(KvkeepdProcessTest, AWorkerMapsTheSharedPoolAndReadsTheStoredBytes) {
+  absl::StatusOr<Started> kvkeepd = StartKvkeepd({"--share_pools"});
+  ASSERT_TRUE(kvkeepd.ok()) << kvkeepd.status();
+  auto stub = v1::KvKeep::NewStub(Channel(kvkeepd->address));
+  v1::CreateSessionResponse session;
+  ASSERT_TRUE(
+      stub->CreateSession(Context().get(), H2OSession(6), &session).ok());
+  {
+    Decoder decoder(*stub, session);
+    for (int i = 0; i < 13; ++i) ASSERT_TRUE(decoder.Step());
+    ASSERT_GT(decoder.evicted(), 0);  // slots were compacted
+    ASSERT_TRUE(decoder.Close().ok());
+  }
+  v1::MapPoolRequest req;
+  req.set_session_id(session.session_id());
+  v1::MapPoolResponse pool;
+  grpc::Status status = stub->MapPool(Context().get(), req, &pool);
+  ASSERT_TRUE(status.ok()) << Describe(status);
+  EXPECT_EQ(pool.device(), "host");
+  EXPECT_EQ(pool.server_pid(), kvkeepd->child->pid());
+  EXPECT_EQ(pool.layout().name(), "proc");
+  EXPECT_EQ(pool.arena_bytes(),
+            pool.capacity_pages() * pool.layout().page_bytes());
+  ASSERT_EQ(pool.handle_case(), v1::MapPoolResponse::kShmName);
+  ASSERT_EQ(pool.tables_size(), kLayers);
+
+  const int fd = shm_open(pool.shm_name().c_str(), O_RDONLY, 0);
+  ASSERT_GE(fd, 0) << pool.shm_name() << ": " << strerror(errno);
+  void* mapped = mmap(nullptr, static_cast<size_t>(pool.arena_bytes()),
+                      PROT_READ, MAP_SHARED, fd, 0);
+  close(fd);
+  ASSERT_NE(mapped, MAP_FAILED) << strerror(errno);
+  const char* arena = static_cast<const char*>(mapped);
+  const int64_t token_bytes = kKvHeads * kHeadDim * sizeof(float);
+  const int64_t page_tokens = pool.layout().page_tokens();
+  for (const v1::BlockTable& table : pool.tables()) {
+    ASSERT_EQ(table.positions_size(), 6);  // the budget
+    for (int s = 0; s < table.positions_size(); ++s) {
+      const int64_t page = table.pages(s / page_tokens);
+      const int64_t key_at =
+          page * pool.layout().page_bytes() + (s % page_tokens) * token_bytes;
+      const int64_t value_at = key_at + page_tokens * token_bytes;
+      const int64_t position = table.positions(s);
+      EXPECT_EQ(std::string(arena + key_at, token_bytes),
+                TokenBytes(table.layer(), position, 1.0f))
+          << "layer " << table.layer() << " slot " << s;
+      EXPECT_EQ(std::string(arena + value_at, token_bytes),
+                TokenBytes(table.layer(), position, -1.0f))
+          << "layer " << table.layer() << " slot " << s;
+    }
+  }
+  munmap(mapped, static_cast<size_t>(pool.arena_bytes()));
+
+  // Bad requests: no layout nor session, an unknown layout.
+  v1::MapPoolResponse ignored;
+  EXPECT_EQ(stub->MapPool(Context().get(), {}, &ignored).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  v1::MapPoolRequest unknown;
+  unknown.set_layout("nope");
+  EXPECT_EQ(stub->MapPool(Context().get(), unknown, &ignored).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+
+  // The shared memory goes with the process.
+  kvkeepd->child->Signal(SIGTERM);
+  ASSERT_TRUE(kvkeepd->child->Wait(kPatience).ok());
+  EXPECT_LT(shm_open(pool.shm_name().c_str(), O_RDONLY, 0), 0);
+  EXPECT_EQ(errno, ENOENT);
+}
+
+TEST_F(KvkeepdProcessTest, MapPoolIsRefusedUnlessPoolSharingIsOn) {
+  absl::StatusOr<Started> kvkeepd = StartKvkeepd({});
+  ASSERT_TRUE(kvkeepd.ok()) << kvkeepd.status();
+  auto stub = v1::KvKeep::NewStub(Channel(kvkeepd->address));
+  v1::MapPoolRequest req;
+  req.set_layout("proc");
+  v1::MapPoolResponse ignored;
+  const grpc::Status status = stub->MapPool(Context().get(), req, &ignored);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr("--share_pools"));
 }
 
 }  // namespace
