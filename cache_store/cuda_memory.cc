@@ -75,7 +75,9 @@ class CudaMemory final : public PageMemory {
   }
 
   ~CudaMemory() override {
-    // Errors here have no one to go to; the device is being let go.
+    // Errors here have no one to go to (a destructor cannot fail, and the
+    // process is letting the device go); the calls before it reported any
+    // error the device had.
     cudaSetDevice(ordinal_);
     if (stream_ != nullptr) {
       cudaStreamSynchronize(stream_);
@@ -261,11 +263,18 @@ class CudaMemory final : public PageMemory {
     }
     if (bytes <= staging_bytes_) return absl::OkStatus();
     const size_t want = std::max(bytes, 2 * staging_bytes_);
-    cudaFree(device_staging_);
-    cudaFreeHost(pinned_staging_);
+    const cudaError_t freed_device = cudaFree(device_staging_);
+    const cudaError_t freed_pinned = cudaFreeHost(pinned_staging_);
     device_staging_ = nullptr;
     pinned_staging_ = nullptr;
     staging_bytes_ = 0;
+    if (absl::Status s = CudaStatus(freed_device, "freeing staging"); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = CudaStatus(freed_pinned, "freeing pinned staging");
+        !s.ok()) {
+      return s;
+    }
     void* device = nullptr;
     void* pinned = nullptr;
     if (absl::Status s =
