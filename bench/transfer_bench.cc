@@ -6,7 +6,9 @@
 // heads, head_dim 128, bf16, 16-token pages) moves from one to the other
 // with TransferSession (freeze, header, 4 MiB chunks with CRC32C, commit).
 // The baseline sends the same number of bytes from one thread to another
-// over a loopback TCP socket, 4 MiB per write. Prints both and the ratio.
+// over a loopback TCP socket, 4 MiB per write. Prints both (wall time, and
+// the CPU seconds the process spent, steadier on a busy machine) and the
+// ratio.
 // The process sets kvkeepd's malloc options, and the target's pool is warm
 // (touched by an earlier session) unless --cold.
 //
@@ -14,6 +16,7 @@
 #include <arpa/inet.h>
 #include <malloc.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -89,6 +92,15 @@ class Server {
 double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since)
       .count();
+}
+
+// CPU seconds (user and system) this process has used: the cost of a copy
+// whatever else the machine is doing, where wall time depends on the load.
+double CpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_utime.tv_usec / 1e6 + u.ru_stime.tv_sec +
+         u.ru_stime.tv_usec / 1e6;
 }
 
 // Sends `bytes` over a loopback TCP connection, 4 MiB per write; returns
@@ -190,23 +202,27 @@ int Main(int argc, char** argv) {
   request.set_session_id(SessionName(id));
   request.set_target(target.address());
   v1::TransferSessionResponse response;
+  const double transfer_cpu_start = CpuSeconds();
   const auto start = std::chrono::steady_clock::now();
   const grpc::Status s = stub->TransferSession(&ctx, request, &response);
   const double transfer_seconds = Seconds(start);
+  const double transfer_cpu = CpuSeconds() - transfer_cpu_start;
   if (!s.ok()) {
     std::fprintf(stderr, "transfer failed: %s\n", s.error_message().c_str());
     return 1;
   }
+  const double raw_cpu_start = CpuSeconds();
   const double raw_seconds = RawTcp(moved_bytes);
+  const double raw_cpu = CpuSeconds() - raw_cpu_start;
   const double transfer_gbps = moved_bytes / transfer_seconds / 1e9;
   const double raw_gbps = moved_bytes / raw_seconds / 1e9;
   std::printf(
       "TransferSession (host, %s target pool): %.3f s, %.2f GB/s "
-      "(server-side %.3f s)\n",
+      "(server-side %.3f s), %.2f CPU s\n",
       cold ? "cold" : "warm", transfer_seconds, transfer_gbps,
-      response.seconds());
-  std::printf("raw TCP copy:           %.3f s, %.2f GB/s\n", raw_seconds,
-              raw_gbps);
+      response.seconds(), transfer_cpu);
+  std::printf("raw TCP copy:           %.3f s, %.2f GB/s, %.2f CPU s\n",
+              raw_seconds, raw_gbps, raw_cpu);
   std::printf("ratio: %.2f of the raw copy's throughput\n",
               transfer_gbps / raw_gbps);
   return 0;

@@ -39,7 +39,19 @@ std::string Quote(absl::string_view s) { return absl::StrCat("\"", s, "\""); }
 }  // namespace
 
 KvKeepService::KvKeepService(CacheStore* store, ServiceOptions options)
-    : store_(store), options_(std::move(options)) {}
+    : store_(store), options_(std::move(options)) {
+  // ReceiveSession reads each chunk in place (session_transfer.h).
+  MarkMethodRawCallback(
+      ReceiveSessionMethodIndex(),
+      RawReceiveSessionHandler([this](grpc::CallbackServerContext* ctx) {
+        return NewRawReceiveReactor(
+            store_, &transfer_log_, ctx,
+            [this](const grpc::CallbackServerContext& c) {
+              return Authenticate(c);
+            },
+            !options_.tenants_by_token.empty(), options_.on_transfer);
+      }));
+}
 
 absl::StatusOr<std::string> KvKeepService::Authenticate(
     const grpc::CallbackServerContext& ctx) const {

@@ -1,13 +1,18 @@
 #include "services/kvkeepd/session_transfer.h"
 
 #include <algorithm>
+#include <cstring>
+#include <deque>
 #include <memory>
 #include <optional>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/descriptor.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "services/common/crc32c.h"
@@ -16,15 +21,183 @@
 namespace kvkeep {
 namespace {
 
-uint32_t ChunkCrc(const v1::TransferChunk& chunk) {
-  const uint32_t keys = Crc32c(
-      0, std::as_bytes(std::span(chunk.keys().data(), chunk.keys().size())));
-  return Crc32c(keys, std::as_bytes(std::span(chunk.values().data(),
-                                              chunk.values().size())));
+// Checksums and copies move this many bytes of keys (and as many of
+// values) at a time, so a piece is still in the core's cache when the
+// next pass over it comes.
+constexpr size_t kPassBytes = 128 << 10;
+
+// Field tags (field number << 3 | wire type) of the messages ChunkMessage
+// and ReadChunk handle by hand.
+constexpr uint8_t kVarint = 0, kFixed64 = 1, kLength = 2, kFixed32 = 5;
+constexpr uint8_t Tag(int field, uint8_t wire_type) {
+  return static_cast<uint8_t>(field << 3 | wire_type);
+}
+// TransferMessage
+constexpr uint8_t kHeaderTag = Tag(2, kLength);
+constexpr uint8_t kChunkTag = Tag(3, kLength);
+constexpr uint8_t kCommitTag = Tag(4, kVarint);
+// TransferChunk
+constexpr uint8_t kLayerTag = Tag(1, kVarint);
+constexpr uint8_t kFirstSlotTag = Tag(2, kVarint);
+constexpr uint8_t kKeysTag = Tag(3, kLength);
+constexpr uint8_t kValuesTag = Tag(4, kLength);
+constexpr uint8_t kCrcTag = Tag(5, kFixed32);
+// The framing before the keys: the chunk's tag and length, layer,
+// first_slot, and the keys' tag and length, at most.
+constexpr size_t kMaxPrefixBytes = (1 + 10) * 5;
+
+size_t VarintBytes(uint64_t v) {
+  size_t n = 1;
+  for (; v >= 0x80; v >>= 7) ++n;
+  return n;
 }
 
-class ReceiveReactor final
-    : public grpc::ServerBidiReactor<v1::TransferMessage, v1::TransferReply> {
+std::byte* PutVarint(std::byte* p, uint64_t v) {
+  for (; v >= 0x80; v >>= 7) *p++ = static_cast<std::byte>(v | 0x80);
+  *p++ = static_cast<std::byte>(v);
+  return p;
+}
+
+// Bytes of a length-delimited field of `n` bytes, with its tag and length.
+size_t LengthFieldBytes(uint64_t n) { return 1 + VarintBytes(n) + n; }
+
+// A cursor over a message's slices, for ReadChunk.
+class SliceReader {
+ public:
+  explicit SliceReader(const std::vector<grpc::Slice>& slices)
+      : slices_(slices) {
+    for (const grpc::Slice& s : slices) left_ += s.size();
+    Settle();
+  }
+  size_t left() const { return left_; }
+
+  bool ReadVarint(uint64_t* v) {
+    *v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (left_ == 0) return false;
+      const uint8_t b = At();
+      Advance(1);
+      *v |= static_cast<uint64_t>(b & 0x7F) << shift;
+      if ((b & 0x80) == 0) return true;
+    }
+    return false;
+  }
+  bool ReadFixed32(uint32_t* v) {
+    if (left_ < 4) return false;
+    *v = 0;
+    for (int i = 0; i < 4; ++i) {
+      *v |= static_cast<uint32_t>(At()) << (8 * i);
+      Advance(1);
+    }
+    return true;
+  }
+  // Skips `n` bytes, appending the pieces they lie in to `pieces` if given.
+  bool Take(uint64_t n, std::vector<std::span<const std::byte>>* pieces) {
+    if (n > left_) return false;
+    while (n > 0) {
+      const grpc::Slice& s = slices_[slice_];
+      const size_t here = std::min<uint64_t>(n, s.size() - offset_);
+      if (pieces != nullptr) {
+        pieces->emplace_back(
+            reinterpret_cast<const std::byte*>(s.begin()) + offset_, here);
+      }
+      Advance(here);
+      n -= here;
+    }
+    return true;
+  }
+
+ private:
+  uint8_t At() const { return slices_[slice_].begin()[offset_]; }
+  void Advance(size_t n) {
+    offset_ += n;
+    left_ -= n;
+    Settle();
+  }
+  // Moves past spent (and empty) slices.
+  void Settle() {
+    while (slice_ < slices_.size() && offset_ == slices_[slice_].size()) {
+      ++slice_;
+      offset_ = 0;
+    }
+  }
+
+  const std::vector<grpc::Slice>& slices_;
+  size_t slice_ = 0;
+  size_t offset_ = 0;
+  size_t left_ = 0;
+};
+
+// Skips a field of `wire_type` whose tag was read; false for groups
+// (deprecated; left to protobuf) and malformed input.
+bool SkipField(SliceReader& in, uint8_t wire_type) {
+  uint64_t v;
+  switch (wire_type) {
+    case kVarint:
+      return in.ReadVarint(&v);
+    case kFixed64:
+      return in.Take(8, nullptr);
+    case kLength:
+      return in.ReadVarint(&v) && in.Take(v, nullptr);
+    case kFixed32:
+      return in.Take(4, nullptr);
+    default:
+      return false;
+  }
+}
+
+size_t TotalBytes(const std::vector<std::span<const std::byte>>& pieces) {
+  size_t n = 0;
+  for (const auto& p : pieces) n += p.size();
+  return n;
+}
+
+// Walks a list of pieces (ChunkView's keys or values) from the front.
+class Pieces {
+ public:
+  explicit Pieces(const std::vector<std::span<const std::byte>>& pieces)
+      : pieces_(pieces) {
+    Settle();
+  }
+  // The rest of the current piece.
+  std::span<const std::byte> contiguous() const {
+    return index_ < pieces_.size() ? pieces_[index_].subspan(offset_)
+                                   : std::span<const std::byte>();
+  }
+  void Skip(size_t n) {
+    offset_ += n;
+    Settle();
+  }
+  // Copies the next out.size() bytes, across pieces.
+  void Gather(std::span<std::byte> out) {
+    while (!out.empty()) {
+      const std::span<const std::byte> here =
+          contiguous().first(std::min(out.size(), contiguous().size()));
+      std::memcpy(out.data(), here.data(), here.size());
+      out = out.subspan(here.size());
+      Skip(here.size());
+    }
+  }
+
+ private:
+  void Settle() {
+    while (index_ < pieces_.size() && offset_ == pieces_[index_].size()) {
+      ++index_;
+      offset_ = 0;
+    }
+  }
+  const std::vector<std::span<const std::byte>>& pieces_;
+  size_t index_ = 0;
+  size_t offset_ = 0;
+};
+
+// The ReceiveSession reactor over TransferMessage/TransferReply (as
+// generated) or over their bytes (a raw method; chunks are read in place).
+template <typename Request, typename Response>
+class ReceiveReactor final : public grpc::ServerBidiReactor<Request, Response> {
+  static constexpr bool kRaw = std::is_same_v<Request, grpc::ByteBuffer>;
+  using Base = grpc::ServerBidiReactor<Request, Response>;
+
  public:
   ReceiveReactor(CacheStore* store, TransferLog* log,
                  grpc::CallbackServerContext* ctx, Authenticator authenticate,
@@ -40,7 +213,7 @@ class ReceiveReactor final
       return;
     }
     tenant_ = *std::move(tenant);
-    StartRead(&message_);
+    this->StartRead(&request_);
   }
 
   void OnReadDone(bool ok) override {
@@ -59,9 +232,18 @@ class ReceiveReactor final
     }
     if (reply_ready_) {
       reply_ready_ = false;
-      StartWrite(&reply_);
+      if constexpr (kRaw) {
+        bool own = false;
+        // A small, valid message: serializing it cannot fail.
+        static_cast<void>(
+            grpc::SerializationTraits<v1::TransferReply>::Serialize(
+                reply_, &response_, &own));
+        this->StartWrite(&response_);
+      } else {
+        this->StartWrite(&reply_);
+      }
     } else {
-      StartRead(&message_);
+      this->StartRead(&request_);
     }
   }
 
@@ -74,7 +256,7 @@ class ReceiveReactor final
       Finish(grpc::Status::OK);
       return;
     }
-    StartRead(&message_);
+    this->StartRead(&request_);
   }
 
   void OnDone() override {
@@ -89,16 +271,40 @@ class ReceiveReactor final
  private:
   void Finish(const grpc::Status& status) {
     end_code_ = static_cast<absl::StatusCode>(status.error_code());
-    grpc::ServerBidiReactor<v1::TransferMessage, v1::TransferReply>::Finish(
-        status);
+    Base::Finish(status);
   }
 
   absl::Status Handle() {
-    switch (message_.kind_case()) {
+    if constexpr (kRaw) {
+      absl::StatusOr<std::optional<ChunkView>> chunk = ReadChunk(request_);
+      if (!chunk.ok()) return chunk.status();
+      if (chunk->has_value()) return Chunk(**chunk);
+      v1::TransferMessage message;
+      if (!grpc::SerializationTraits<v1::TransferMessage>::Deserialize(
+               &request_, &message)
+               .ok()) {
+        return absl::InvalidArgumentError("a malformed transfer message");
+      }
+      return Handle(message);
+    } else {
+      return Handle(request_);
+    }
+  }
+
+  absl::Status Handle(const v1::TransferMessage& message) {
+    switch (message.kind_case()) {
       case v1::TransferMessage::kHeader:
-        return Header();
-      case v1::TransferMessage::kChunk:
-        return Chunk();
+        return Header(message);
+      case v1::TransferMessage::kChunk: {
+        const v1::TransferChunk& c = message.chunk();
+        ChunkView view;
+        view.layer = c.layer();
+        view.first_slot = c.first_slot();
+        view.crc32c = c.crc32c();
+        view.keys.push_back(std::as_bytes(std::span(c.keys())));
+        view.values.push_back(std::as_bytes(std::span(c.values())));
+        return Chunk(view);
+      }
       case v1::TransferMessage::kCommit:
         return Commit();
       default:
@@ -106,25 +312,30 @@ class ReceiveReactor final
     }
   }
 
-  absl::Status Header() {
+  absl::Status Header(const v1::TransferMessage& message) {
     if (started_) {
       return absl::InvalidArgumentError("a transfer has one header");
     }
     started_ = true;
-    transfer_id_ = message_.transfer_id();
+    transfer_id_ = message.transfer_id();
     if (transfer_id_.empty()) {
       return absl::InvalidArgumentError("a transfer needs a transfer_id");
     }
     if (log_->Contains(transfer_id_)) {  // a retry of a committed transfer
       return Reply(v1::TransferReply::COMMITTED);
     }
-    absl::StatusOr<SessionSnapshot> snapshot =
-        StateFromProto(message_.header());
+    absl::StatusOr<SessionSnapshot> snapshot = StateFromProto(message.header());
     if (!snapshot.ok()) return snapshot.status();
     if (tenants_configured_ && snapshot->tenant != tenant_) {
       return absl::PermissionDeniedError(
           absl::StrCat("the session belongs to tenant '", snapshot->tenant,
                        "'; this token is tenant '", tenant_, "'s"));
+    }
+    for (const LayoutStats& l : store_->Layouts()) {
+      if (l.layout.name == snapshot->layout) {
+        token_bytes_ =
+            static_cast<size_t>(l.layout.page_layout().token_bytes());
+      }
     }
     absl::StatusOr<std::unique_ptr<CacheStore::PendingImport>> pending =
         store_->PrepareImport(*std::move(snapshot));
@@ -133,21 +344,59 @@ class ReceiveReactor final
     return Reply(v1::TransferReply::READY);
   }
 
-  absl::Status Chunk() {
+  // Writes the chunk into the reserved pages a slot range at a time,
+  // checksumming each range just before it is copied (so the bytes are read
+  // from memory once), and then checks the checksum: a corrupted chunk
+  // fails the transfer, whose pages are freed unseen.
+  absl::Status Chunk(const ChunkView& chunk) {
     if (pending_ == nullptr) {
       return absl::FailedPreconditionError("a chunk before the header");
     }
-    const v1::TransferChunk& chunk = message_.chunk();
-    if (ChunkCrc(chunk) != chunk.crc32c()) {
-      return absl::DataLossError(absl::StrCat(
-          "transfer ", transfer_id_, ": layer ", chunk.layer(), " slot ",
-          chunk.first_slot(), ": the chunk's CRC32C does not match its bytes"));
+    const size_t kv_bytes = TotalBytes(chunk.keys);
+    if (kv_bytes != TotalBytes(chunk.values) || token_bytes_ == 0 ||
+        kv_bytes % token_bytes_ != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "transfer ", transfer_id_, ": layer ", chunk.layer, " slot ",
+          chunk.first_slot, ": ", kv_bytes, " key and ",
+          TotalBytes(chunk.values), " value bytes are not whole tokens of ",
+          token_bytes_, " bytes each"));
     }
-    bytes_ += static_cast<int64_t>(chunk.keys().size() + chunk.values().size());
-    return pending_->Write(
-        chunk.layer(),
-        std::as_bytes(std::span(chunk.keys().data(), chunk.keys().size())),
-        std::as_bytes(std::span(chunk.values().data(), chunk.values().size())));
+    Pieces keys(chunk.keys);
+    Pieces values(chunk.values);
+    uint32_t keys_crc = 0;
+    uint32_t values_crc = 0;
+    for (size_t done = 0; done < kv_bytes;) {
+      std::span<const std::byte> k = keys.contiguous();
+      std::span<const std::byte> v = values.contiguous();
+      size_t n = std::min({k.size(), v.size(), kPassBytes, kv_bytes - done});
+      n -= n % token_bytes_;
+      if (n == 0) {  // a token split between two slices: gather it
+        straddle_.resize(2 * token_bytes_);
+        const std::span<std::byte> buffer(straddle_);
+        keys.Gather(buffer.first(token_bytes_));
+        values.Gather(buffer.subspan(token_bytes_));
+        k = buffer.first(token_bytes_);
+        v = buffer.subspan(token_bytes_);
+        n = token_bytes_;
+      } else {
+        keys.Skip(n);
+        values.Skip(n);
+      }
+      keys_crc = Crc32c(keys_crc, k.first(n));
+      values_crc = Crc32c(values_crc, v.first(n));
+      if (absl::Status s = pending_->Write(chunk.layer, k.first(n), v.first(n));
+          !s.ok()) {
+        return s;
+      }
+      done += n;
+    }
+    if (Crc32cCombine(keys_crc, values_crc, kv_bytes) != chunk.crc32c) {
+      return absl::DataLossError(absl::StrCat(
+          "transfer ", transfer_id_, ": layer ", chunk.layer, " slot ",
+          chunk.first_slot, ": the chunk's CRC32C does not match its bytes"));
+    }
+    bytes_ += static_cast<int64_t>(2 * kv_bytes);
+    return absl::OkStatus();
   }
 
   absl::Status Commit() {
@@ -178,13 +427,306 @@ class ReceiveReactor final
   std::string tenant_;
   std::string transfer_id_;
   bool started_ = false;
+  size_t token_bytes_ = 0;  // one token's keys (or values) in one layer
   std::unique_ptr<CacheStore::PendingImport> pending_;
-  v1::TransferMessage message_;
+  std::vector<std::byte> straddle_;  // one token's keys and values
+  Request request_;
   v1::TransferReply reply_;
+  Response response_;  // reply_'s bytes (raw); unused otherwise
   bool reply_ready_ = false;
 };
 
+// One ReceiveSession call from the sender's side, over raw bytes. The
+// sending thread drives it and waits for what it needs; gRPC's callbacks
+// record what happened and start each queued write as the one before it
+// is done. A hold keeps the call until the sender is done issuing
+// operations. Thread-safe.
+class TransferCall final
+    : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  // Starts the call (its answer comes with the first reply).
+  static std::shared_ptr<TransferCall> Start(grpc::GenericStub& stub,
+                                             const SendOptions& options) {
+    std::shared_ptr<TransferCall> call(new TransferCall);
+    {
+      absl::MutexLock lock(&call->mu_);
+      call->self_ = call;
+    }
+    if (options.deadline != absl::InfiniteFuture()) {
+      call->ctx_.set_deadline(absl::ToChronoTime(options.deadline));
+    }
+    if (!options.target_token.empty()) {
+      call->ctx_.AddMetadata("authorization", "Bearer " + options.target_token);
+    }
+    stub.PrepareBidiStreamingCall(
+        &call->ctx_,
+        absl::StrCat("/", v1::KvKeep::service_full_name(), "/ReceiveSession"),
+        grpc::StubOptions(), call.get());
+    call->AddHold();
+    call->StartCall();
+    return call;
+  }
+
+  // Queues `message` behind those before it. The one on the wire starts
+  // the next as it is done, on gRPC's thread, so building chunks and
+  // writing them to the socket run on different threads; Write blocks while
+  // kQueued wait. False, without queueing, if the stream broke or the
+  // target ended the call (a reply asked for has come, or the call ended).
+  bool Write(grpc::ByteBuffer message) ABSL_LOCKS_EXCLUDED(mu_) {
+    mu_.LockWhen(absl::Condition(this, &TransferCall::Writable));
+    if (Ended()) {
+      mu_.Unlock();
+      return false;
+    }
+    if (writing_) {
+      queue_.push_back(std::move(message));
+      mu_.Unlock();
+      return true;
+    }
+    writing_ = true;
+    write_ = std::move(message);
+    mu_.Unlock();
+    StartWrite(&write_);
+    return true;
+  }
+  // Whether the stream broke or the target ended the call already.
+  bool Broken() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return Ended();
+  }
+
+  // Asks for the target's next reply, which AwaitReply waits for.
+  void StartReading() ABSL_LOCKS_EXCLUDED(mu_) {
+    {
+      absl::MutexLock lock(&mu_);
+      reading_ = true;
+      read_asked_ = true;
+    }
+    StartRead(&read_);
+  }
+  // The reply asked for, or nullopt if the call ended instead.
+  std::optional<v1::TransferReply> AwaitReply() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_, absl::Condition(this, &TransferCall::Replied));
+    read_asked_ = false;
+    return std::exchange(reply_, std::nullopt);
+  }
+
+  // Ends the call from this side: cancels it, or (once the queued writes
+  // are done) half-closes it and lets the target answer; then waits for its
+  // status.
+  grpc::Status Finish(bool cancel) ABSL_LOCKS_EXCLUDED(mu_) {
+    if (cancel) {
+      ctx_.TryCancel();
+    } else {
+      mu_.LockWhen(absl::Condition(this, &TransferCall::Written));
+      mu_.Unlock();
+      StartWritesDone();
+    }
+    RemoveHold();
+    absl::MutexLock lock(&mu_, absl::Condition(&done_));
+    return status_;
+  }
+
+  void OnWriteDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_) {
+    mu_.Lock();
+    write_.Clear();
+    if (ok && !queue_.empty()) {
+      // writing_ stays set: Write queues behind this one, and nothing else
+      // touches write_ until its OnWriteDone.
+      write_ = std::move(queue_.front());
+      queue_.pop_front();
+      mu_.Unlock();
+      StartWrite(&write_);
+      return;
+    }
+    if (!ok) {
+      broken_ = true;
+      queue_.clear();
+    }
+    writing_ = false;
+    mu_.Unlock();
+  }
+  void OnReadDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    reading_ = false;
+    v1::TransferReply reply;
+    if (ok && grpc::SerializationTraits<v1::TransferReply>::Deserialize(&read_,
+                                                                        &reply)
+                  .ok()) {
+      reply_ = std::move(reply);
+    } else {
+      broken_ = true;
+    }
+  }
+  void OnDone(const grpc::Status& status) override ABSL_LOCKS_EXCLUDED(mu_) {
+    std::shared_ptr<TransferCall> self;
+    {
+      absl::MutexLock lock(&mu_);
+      status_ = status;
+      done_ = true;
+      self = std::move(self_);
+    }
+    // `self` may be the last reference: the call ends here.
+  }
+
+ private:
+  static constexpr size_t kQueued = 2;
+
+  TransferCall() = default;
+  bool Ended() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return broken_ || (!reading_ && read_asked_);
+  }
+  bool Writable() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return queue_.size() < kQueued || Ended();
+  }
+  bool Written() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !writing_; }
+  bool Replied() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !reading_; }
+
+  grpc::ClientContext ctx_;
+  absl::Mutex mu_;
+  std::shared_ptr<TransferCall> self_ ABSL_GUARDED_BY(mu_);  // until OnDone
+  // The message on the wire, and those after it.
+  grpc::ByteBuffer write_ ABSL_GUARDED_BY(mu_);
+  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::ByteBuffer read_;  // the reply being read (gRPC's until OnReadDone)
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;
+  // A reply was asked for and not yet awaited.
+  bool read_asked_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<v1::TransferReply> reply_ ABSL_GUARDED_BY(mu_);
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+grpc::ByteBuffer Serialize(const v1::TransferMessage& message) {
+  grpc::ByteBuffer out;
+  bool own = false;
+  // Fails only past 2 GiB, far beyond any message sent here.
+  static_cast<void>(grpc::SerializationTraits<v1::TransferMessage>::Serialize(
+      message, &out, &own));
+  return out;
+}
+
 }  // namespace
+
+ChunkMessage::ChunkMessage(int32_t layer, int64_t first_slot, int64_t kv_bytes)
+    : layer_(layer),
+      first_slot_(first_slot),
+      kv_bytes_(static_cast<size_t>(kv_bytes)),
+      keys_at_(kMaxPrefixBytes) {
+  // [room for the prefix][keys][values' tag and length][values][crc]
+  values_at_ = keys_at_ + kv_bytes_ + 1 + VarintBytes(kv_bytes_);
+  buffer_.reset(new std::byte[values_at_ + kv_bytes_ + 5]);
+}
+
+grpc::ByteBuffer ChunkMessage::Finish(uint32_t crc32c) && {
+  // proto3 leaves out fields holding their default (zero, empty), and
+  // protobuf writes fields in field-number order: so do we.
+  const uint64_t layer = static_cast<uint64_t>(static_cast<int64_t>(layer_));
+  const uint64_t first_slot = static_cast<uint64_t>(first_slot_);
+  size_t chunk_bytes = 0;
+  if (layer != 0) chunk_bytes += 1 + VarintBytes(layer);
+  if (first_slot != 0) chunk_bytes += 1 + VarintBytes(first_slot);
+  if (kv_bytes_ != 0) chunk_bytes += 2 * LengthFieldBytes(kv_bytes_);
+  if (crc32c != 0) chunk_bytes += 1 + 4;
+
+  std::byte prefix[kMaxPrefixBytes];
+  std::byte* p = prefix;
+  *p++ = std::byte{kChunkTag};
+  p = PutVarint(p, chunk_bytes);
+  if (layer != 0) {
+    p = PutVarint(p, kLayerTag);
+    p = PutVarint(p, layer);
+  }
+  if (first_slot != 0) {
+    p = PutVarint(p, kFirstSlotTag);
+    p = PutVarint(p, first_slot);
+  }
+  std::byte* buffer = buffer_.get();
+  size_t end = keys_at_;
+  if (kv_bytes_ != 0) {
+    p = PutVarint(p, kKeysTag);
+    p = PutVarint(p, kv_bytes_);
+    std::byte* q = buffer + keys_at_ + kv_bytes_;
+    *q++ = std::byte{kValuesTag};
+    PutVarint(q, kv_bytes_);
+    end = values_at_ + kv_bytes_;
+  }
+  if (crc32c != 0) {
+    buffer[end++] = std::byte{kCrcTag};
+    for (int i = 0; i < 4; ++i) {
+      buffer[end++] = static_cast<std::byte>(crc32c >> (8 * i));
+    }
+  }
+  const size_t prefix_bytes = static_cast<size_t>(p - prefix);
+  const size_t begin = keys_at_ - prefix_bytes;
+  std::memcpy(buffer + begin, prefix, prefix_bytes);
+  // The slice owns the buffer from here; gRPC frees it once it is sent.
+  grpc::Slice slice(
+      buffer + begin, end - begin,
+      [](void* b) { delete[] static_cast<std::byte*>(b); }, buffer);
+  buffer_.release();
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+absl::StatusOr<std::optional<ChunkView>> ReadChunk(
+    const grpc::ByteBuffer& message) {
+  ChunkView view;
+  if (!message.Dump(&view.slices).ok()) {
+    return absl::InvalidArgumentError("an unreadable transfer message");
+  }
+  const auto malformed = [] {
+    return absl::InvalidArgumentError("a malformed transfer message");
+  };
+  SliceReader in(view.slices);
+  bool chunk = false;
+  while (in.left() > 0) {
+    uint64_t tag;
+    if (!in.ReadVarint(&tag) || tag >> 3 == 0) return malformed();
+    const uint8_t wire_type = tag & 7;
+    if (tag == kHeaderTag || tag == kCommitTag || wire_type == 3 ||
+        wire_type == 4) {
+      return std::nullopt;  // not a chunk, or not one read here
+    }
+    if (tag != kChunkTag) {  // transfer_id, or a field newer than us
+      if (!SkipField(in, wire_type)) return malformed();
+      continue;
+    }
+    if (chunk) return std::nullopt;  // protobuf would merge the two
+    chunk = true;
+    uint64_t chunk_bytes;
+    if (!in.ReadVarint(&chunk_bytes) || chunk_bytes > in.left()) {
+      return malformed();
+    }
+    const size_t end = in.left() - chunk_bytes;
+    while (in.left() > end) {
+      uint64_t field;
+      uint64_t v;
+      if (!in.ReadVarint(&field) || field >> 3 == 0) return malformed();
+      if (field == kLayerTag) {
+        if (!in.ReadVarint(&v)) return malformed();
+        view.layer = static_cast<int32_t>(v);
+      } else if (field == kFirstSlotTag) {
+        if (!in.ReadVarint(&v)) return malformed();
+        view.first_slot = static_cast<int64_t>(v);
+      } else if (field == kKeysTag || field == kValuesTag) {
+        auto& pieces = field == kKeysTag ? view.keys : view.values;
+        pieces.clear();  // a repeated field: the last one counts
+        if (!in.ReadVarint(&v) || !in.Take(v, &pieces)) return malformed();
+      } else if (field == kCrcTag) {
+        if (!in.ReadFixed32(&view.crc32c)) return malformed();
+      } else if ((field & 7) == 3 || (field & 7) == 4) {
+        return std::nullopt;
+      } else if (!SkipField(in, field & 7)) {
+        return malformed();
+      }
+      if (in.left() < end) return malformed();  // overran the chunk
+    }
+  }
+  if (!chunk) return std::nullopt;
+  return view;
+}
 
 void StateToProto(const SessionSnapshot& s, v1::SessionState* out) {
   out->set_session_id(SessionName(s.id));
@@ -270,21 +812,12 @@ SendResult SendSession(const SessionSnapshot& snapshot, const SlotReader& read,
   args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 16 << 20);
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
   args.SetInt(GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 16 << 20);
-  auto channel = grpc::CreateCustomChannel(
-      options.target, grpc::InsecureChannelCredentials(), args);
-  auto stub = v1::KvKeep::NewStub(channel);
-  grpc::ClientContext ctx;
-  if (options.deadline != absl::InfiniteFuture()) {
-    ctx.set_deadline(absl::ToChronoTime(options.deadline));
-  }
-  if (!options.target_token.empty()) {
-    ctx.AddMetadata("authorization", "Bearer " + options.target_token);
-  }
-  auto stream = stub->ReceiveSession(&ctx);
+  grpc::GenericStub stub(grpc::CreateCustomChannel(
+      options.target, grpc::InsecureChannelCredentials(), args));
+  const std::shared_ptr<TransferCall> call = TransferCall::Start(stub, options);
   bool commit_sent = false;
   auto end = [&](absl::string_view what) {
-    stream->WritesDone();
-    grpc::Status s = stream->Finish();
+    const grpc::Status s = call->Finish(/*cancel=*/false);
     result.status = s.ok() ? absl::UnavailableError(absl::StrCat(
                                  "transfer to ", options.target, ": ", what))
                            : FromGrpcStatus(s);
@@ -300,63 +833,90 @@ SendResult SendSession(const SessionSnapshot& snapshot, const SlotReader& read,
     return result;
   };
 
-  v1::TransferMessage message;
-  message.set_transfer_id(options.transfer_id);
-  StateToProto(snapshot, message.mutable_header());
-  v1::TransferReply reply;
-  if (!stream->Write(message) || !stream->Read(&reply)) {
+  v1::TransferMessage header;
+  header.set_transfer_id(options.transfer_id);
+  StateToProto(snapshot, header.mutable_header());
+  if (!call->Write(Serialize(header))) {
     return end("the target did not answer the header");
   }
-  if (reply.phase() == v1::TransferReply::COMMITTED) {  // a retry
-    result.status = FromGrpcStatus(stream->Finish());
+  call->StartReading();
+  std::optional<v1::TransferReply> reply = call->AwaitReply();
+  if (!reply.has_value()) return end("the target did not answer the header");
+  if (reply->phase() == v1::TransferReply::COMMITTED) {  // a retry
+    result.status = FromGrpcStatus(call->Finish(/*cancel=*/false));
     result.in_doubt = !result.status.ok();
     return result;
   }
-  const int64_t token_bytes = options.token_bytes;
+  // From here a reply is always asked for: the next one is the commit's,
+  // and an early end (the target refused a chunk) stops the sending.
+  call->StartReading();
+  const size_t token_bytes = static_cast<size_t>(options.token_bytes);
   const int64_t slots_per_chunk =
-      std::max<int64_t>(1, options.chunk_bytes / (2 * token_bytes));
+      std::max<int64_t>(1, options.chunk_bytes / (2 * options.token_bytes));
+  const int64_t slots_per_pass = std::max<int64_t>(1, kPassBytes / token_bytes);
   int64_t chunk_index = 0;
   for (size_t l = 0; l < snapshot.layers.size(); ++l) {
     const LayerSnapshot& layer = snapshot.layers[l];
+    const int32_t layer_index = static_cast<int32_t>(l);
     for (int64_t first = 0; first < layer.resident();
          first += slots_per_chunk) {
       const int64_t n = std::min(slots_per_chunk, layer.resident() - first);
-      v1::TransferMessage m;
-      v1::TransferChunk* chunk = m.mutable_chunk();
-      chunk->set_layer(static_cast<int32_t>(l));
-      chunk->set_first_slot(first);
-      std::string* keys = chunk->mutable_keys();
-      std::string* values = chunk->mutable_values();
-      keys->resize(n * token_bytes);
-      values->resize(n * token_bytes);
-      if (absl::Status s = read(
-              static_cast<int32_t>(l), first, n,
-              std::as_writable_bytes(std::span(keys->data(), keys->size())),
-              std::as_writable_bytes(
-                  std::span(values->data(), values->size())));
-          !s.ok()) {
-        result.status = s;
-        stream->WritesDone();
-        stream->Finish().IgnoreError();
-        return result;
+      ChunkMessage m(layer_index, first, n * options.token_bytes);
+      // A pass at a time, so its checksum reads the bytes from cache.
+      uint32_t keys_crc = 0;
+      uint32_t values_crc = 0;
+      for (int64_t i = 0; i < n; i += slots_per_pass) {
+        const int64_t count = std::min(slots_per_pass, n - i);
+        const std::span<std::byte> keys =
+            m.keys().subspan(i * token_bytes, count * token_bytes);
+        const std::span<std::byte> values =
+            m.values().subspan(i * token_bytes, count * token_bytes);
+        if (absl::Status s = read(layer_index, first + i, count, keys, values);
+            !s.ok()) {
+          static_cast<void>(call->Finish(/*cancel=*/true));
+          result.status = s;
+          return result;
+        }
+        keys_crc = Crc32c(keys_crc, keys);
+        values_crc = Crc32c(values_crc, values);
       }
-      chunk->set_crc32c(ChunkCrc(*chunk));
-      if (options.fault) options.fault(chunk_index, *chunk);
+      const uint32_t crc =
+          Crc32cCombine(keys_crc, values_crc, n * options.token_bytes);
+      grpc::ByteBuffer bytes;
+      if (options.fault) {
+        v1::TransferMessage faulty;
+        v1::TransferChunk* chunk = faulty.mutable_chunk();
+        chunk->set_layer(layer_index);
+        chunk->set_first_slot(first);
+        chunk->set_keys(m.keys().data(), m.keys().size());
+        chunk->set_values(m.values().data(), m.values().size());
+        chunk->set_crc32c(crc);
+        options.fault(chunk_index, *chunk);
+        bytes = Serialize(faulty);
+      } else {
+        bytes = std::move(m).Finish(crc);
+      }
       ++chunk_index;
-      result.bytes += 2 * n * token_bytes;
-      if (!stream->Write(m)) return end("the target stopped taking chunks");
+      result.bytes += 2 * n * options.token_bytes;
+      if (!call->Write(std::move(bytes))) {
+        return end("the target stopped taking chunks");
+      }
     }
   }
+  if (call->Broken()) return end("the target stopped taking chunks");
   v1::TransferMessage commit;
   commit.set_commit(true);
   // From here the outcome may be unknown: a commit that fails to send may
   // still have reached the target.
   commit_sent = true;
-  if (!stream->Write(commit)) return end("the stream broke at the commit");
-  if (!stream->Read(&reply) || reply.phase() != v1::TransferReply::COMMITTED) {
+  if (!call->Write(Serialize(commit))) {
+    return end("the stream broke at the commit");
+  }
+  reply = call->AwaitReply();
+  if (!reply.has_value() || reply->phase() != v1::TransferReply::COMMITTED) {
     return end("no answer to the commit");
   }
-  result.status = FromGrpcStatus(stream->Finish());
+  result.status = FromGrpcStatus(call->Finish(/*cancel=*/false));
   result.in_doubt = !result.status.ok();
   return result;
 }
@@ -365,8 +925,36 @@ grpc::ServerBidiReactor<v1::TransferMessage, v1::TransferReply>*
 NewReceiveReactor(CacheStore* store, TransferLog* log,
                   grpc::CallbackServerContext* ctx, Authenticator authenticate,
                   bool tenants_configured, TransferObserver observer) {
-  return new ReceiveReactor(store, log, ctx, std::move(authenticate),
-                            tenants_configured, std::move(observer));
+  return new ReceiveReactor<v1::TransferMessage, v1::TransferReply>(
+      store, log, ctx, std::move(authenticate), tenants_configured,
+      std::move(observer));
+}
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
+NewRawReceiveReactor(CacheStore* store, TransferLog* log,
+                     grpc::CallbackServerContext* ctx,
+                     Authenticator authenticate, bool tenants_configured,
+                     TransferObserver observer) {
+  return new ReceiveReactor<grpc::ByteBuffer, grpc::ByteBuffer>(
+      store, log, ctx, std::move(authenticate), tenants_configured,
+      std::move(observer));
+}
+
+int ReceiveSessionMethodIndex() {
+  // The generated code numbers a service's methods as the .proto lists them.
+  return google::protobuf::DescriptorPool::generated_pool()
+      ->FindServiceByName(v1::KvKeep::service_full_name())
+      ->FindMethodByName("ReceiveSession")
+      ->index();
+}
+
+grpc::internal::MethodHandler* RawReceiveSessionHandler(
+    std::function<grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*(
+        grpc::CallbackServerContext*)>
+        make) {
+  return new grpc::internal::CallbackBidiHandler<grpc::ByteBuffer,
+                                                 grpc::ByteBuffer>(
+      std::move(make));
 }
 
 }  // namespace kvkeep

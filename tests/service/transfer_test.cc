@@ -4,7 +4,10 @@
 // would have where it was; when the target is full or unreachable, a chunk
 // is corrupted or the deadline passes, the session stays on the source,
 // unchanged and serving, and the target holds no page; a session being sent
-// takes no changes.
+// takes no changes. The same against a target whose ReceiveSession is the
+// raw reactor (chunks read in place). And the hand-made wire form of a
+// chunk: byte for byte what protobuf serializes, and read back from any
+// split into slices.
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -21,9 +24,11 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
 #include "services/client/kvkeep_client.h"
 #include "services/kvkeepd/kvkeep_service.h"
+#include "services/kvkeepd/session_transfer.h"
 #include "tests/service/metrics_testing.h"
 
 namespace kvkeep {
@@ -84,6 +89,55 @@ class Store {
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
   std::unique_ptr<client::KvKeepClient> client_;
+};
+
+// A target whose ReceiveSession is registered raw, as a service switches to
+// it (session_transfer.h): its own store and transfer log, nothing else.
+class RawTarget {
+ public:
+  explicit RawTarget(int64_t pages) {
+    StoreOptions store_options;
+    store_options.pools.push_back(PoolSpec{Layout(), pages});
+    store_ = *CacheStore::Create(store_options);
+    service_ = std::make_unique<Service>(store_.get(), &log_);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                             &port);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    address_ = absl::StrCat("127.0.0.1:", port);
+  }
+  ~RawTarget() {
+    server_->Shutdown();
+    server_->Wait();
+  }
+  CacheStore& store() { return *store_; }
+  const std::string& address() const { return address_; }
+  int64_t used_pages() { return store_->Layouts()[0].pool.used_pages; }
+
+ private:
+  class Service final : public v1::KvKeep::CallbackService {
+   public:
+    Service(CacheStore* store, TransferLog* log) {
+      MarkMethodRawCallback(
+          ReceiveSessionMethodIndex(),
+          RawReceiveSessionHandler([store,
+                                    log](grpc::CallbackServerContext* ctx) {
+            return NewRawReceiveReactor(
+                store, log, ctx,
+                [](const grpc::CallbackServerContext&)
+                    -> absl::StatusOr<std::string> { return std::string(); },
+                /*tenants_configured=*/false, nullptr);
+          }));
+    }
+  };
+
+  std::unique_ptr<CacheStore> store_;
+  TransferLog log_;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
 };
 
 grpc::Status Transfer(Store& from, const std::string& session,
@@ -307,6 +361,244 @@ TEST(TransferTest, ASessionBeingSentTakesNoChangesAndADeadlineAbortsIt) {
   EXPECT_GT(after.version, before.version) << "it serves again";
   EXPECT_EQ(target.used_pages(), 0);
   EXPECT_TRUE(target.store().ListSessions().empty());
+}
+
+TEST(TransferTest, ARawTargetReceivesTheSameSessionAndChecksEveryChunk) {
+  std::atomic<bool> corrupt{true};
+  ServiceOptions options;
+  options.transfer_fault = [&](int64_t chunk, v1::TransferChunk& c) {
+    if (corrupt && chunk == 1) c.mutable_keys()->at(5) ^= 0x02;
+  };
+  Store source(256, options), reference(256);
+  RawTarget target(256), full(4);
+  std::mt19937 rng(6);
+  const client::Session s = Decoded(source, "h2o", rng);
+  const SessionId id = *ParseSessionName(s.id());
+  ASSERT_TRUE(
+      reference.store().ImportSession(*source.store().ExportSession(id)).ok());
+  const LayerKvCopy before = *source.store().ReadLayer(id, 1);
+  v1::TransferSessionResponse response;
+
+  grpc::Status status =
+      Transfer(source, s.id(), full.address(), &response, "raw-1");
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << status.error_message();
+  EXPECT_EQ(full.used_pages(), 0);
+
+  status = Transfer(source, s.id(), target.address(), &response, "raw-2");
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DATA_LOSS)
+      << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("CRC32C"));
+  EXPECT_EQ(target.used_pages(), 0);
+  EXPECT_TRUE(target.store().ListSessions().empty());
+  ExpectServedUnchanged(source, s, before, rng);
+
+  corrupt = false;
+  const SessionSnapshot sent = *source.store().ExportSession(id);
+  status = Transfer(source, s.id(), target.address(), &response, "raw-3");
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  for (int32_t l = 0; l < 2; ++l) {
+    const LayerKvCopy a = *target.store().ReadLayer(id, l);
+    EXPECT_EQ(a.positions, sent.layers[l].position);
+    EXPECT_TRUE(a.keys == sent.layers[l].keys &&
+                a.values == sent.layers[l].values);
+  }
+  EXPECT_EQ(source.used_pages(), 0);
+}
+
+TEST(TransferTest, ARawTargetHoldsTheBytesByteForByte) {
+  Store source(256), reference(256);
+  RawTarget target(256);
+  std::mt19937 rng(7);
+  for (const std::string policy : {"tova", "scissorhands"}) {
+    const client::Session s = Decoded(source, policy, rng);
+    const SessionId id = *ParseSessionName(s.id());
+    ASSERT_TRUE(reference.store()
+                    .ImportSession(*source.store().ExportSession(id))
+                    .ok());
+    v1::TransferSessionResponse response;
+    const grpc::Status status =
+        Transfer(source, s.id(), target.address(), &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    for (int32_t l = 0; l < 2; ++l) {
+      const LayerKvCopy a = *target.store().ReadLayer(id, l);
+      const LayerKvCopy b = *reference.store().ReadLayer(id, l);
+      EXPECT_EQ(a.version, b.version);
+      EXPECT_EQ(a.positions, b.positions);
+      EXPECT_TRUE(a.keys == b.keys && a.values == b.values);
+    }
+    const SessionSnapshot a = *target.store().ExportSession(id);
+    const SessionSnapshot b = *reference.store().ExportSession(id);
+    ASSERT_EQ(a.layers.size(), b.layers.size());
+    for (size_t l = 0; l < a.layers.size(); ++l) {
+      EXPECT_EQ(a.layers[l].score, b.layers[l].score);
+      EXPECT_EQ(a.layers[l].arrival, b.layers[l].arrival);
+    }
+  }
+}
+
+TEST(TransferTest, ARawTargetReadsLargeChunksSplitAcrossSlices) {
+  // 6000 tokens of 64 bytes per layer: each layer is a chunk of ~750 KiB,
+  // which arrives in many slices whose boundaries cut tokens in two.
+  Store source(4096);
+  RawTarget target(4096);
+  const SessionId id =
+      *source.store().CreateSession(SessionSpec{"m", {"full", {}}, {}});
+  std::mt19937 rng(10);
+  constexpr int64_t kTokens = 6000;
+  constexpr int64_t kTokenBytes = 2 * 8 * sizeof(float);
+  std::vector<std::byte> keys(kTokens * kTokenBytes), values(keys.size());
+  for (std::byte& b : keys) b = static_cast<std::byte>(rng());
+  for (std::byte& b : values) b = static_cast<std::byte>(rng());
+  std::vector<int64_t> positions(kTokens);
+  for (int64_t i = 0; i < kTokens; ++i) positions[i] = i;
+  const std::vector<LayerKv> layers(2, LayerKv{keys, values});
+  ASSERT_TRUE(source.store().Append(id, AppendRequest{positions, layers}).ok());
+  v1::TransferSessionResponse response;
+  const grpc::Status status =
+      Transfer(source, SessionName(id), target.address(), &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.bytes(), 2 * 2 * kTokens * kTokenBytes);
+  for (int32_t l = 0; l < 2; ++l) {
+    const LayerKvCopy a = *target.store().ReadLayer(id, l);
+    EXPECT_EQ(a.positions, positions);
+    EXPECT_TRUE(a.keys == keys && a.values == values) << "layer " << l;
+  }
+}
+
+std::string Flatten(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(buffer.Dump(&slices).ok());
+  std::string out;
+  for (const grpc::Slice& s : slices) {
+    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return out;
+}
+
+// `bytes` as a ByteBuffer cut at `cuts` (ascending offsets).
+grpc::ByteBuffer Split(const std::string& bytes, std::vector<size_t> cuts) {
+  cuts.push_back(bytes.size());
+  std::vector<grpc::Slice> slices;
+  size_t at = 0;
+  for (size_t cut : cuts) {
+    slices.emplace_back(bytes.data() + at, cut - at);
+    at = cut;
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+std::string Join(const std::vector<std::span<const std::byte>>& pieces) {
+  std::string out;
+  for (const auto& p : pieces) {
+    out.append(reinterpret_cast<const char*>(p.data()), p.size());
+  }
+  return out;
+}
+
+TEST(TransferWireTest, AChunkMessageIsWhatProtobufSerializes) {
+  std::mt19937 rng(8);
+  for (const int32_t layer : {0, 1, 31, 300}) {
+    for (const int64_t first_slot :
+         {int64_t{0}, int64_t{5}, int64_t{1} << 40}) {
+      for (const int64_t kv_bytes : {0, 1, 127, 128, 70000}) {
+        for (const uint32_t crc : {0u, 1u, 0xE3069283u}) {
+          ChunkMessage m(layer, first_slot, kv_bytes);
+          for (std::byte& b : m.keys()) b = static_cast<std::byte>(rng());
+          for (std::byte& b : m.values()) b = static_cast<std::byte>(rng());
+          v1::TransferMessage expected;
+          v1::TransferChunk* c = expected.mutable_chunk();
+          c->set_layer(layer);
+          c->set_first_slot(first_slot);
+          c->set_keys(m.keys().data(), m.keys().size());
+          c->set_values(m.values().data(), m.values().size());
+          c->set_crc32c(crc);
+          const std::string bytes = Flatten(std::move(m).Finish(crc));
+          EXPECT_EQ(bytes, expected.SerializeAsString())
+              << layer << " " << first_slot << " " << kv_bytes << " " << crc;
+          v1::TransferMessage parsed;
+          ASSERT_TRUE(parsed.ParseFromString(bytes));
+          EXPECT_EQ(parsed.chunk().keys(), c->keys());
+        }
+      }
+    }
+  }
+}
+
+TEST(TransferWireTest, AChunkIsReadInPlaceFromAnySplit) {
+  v1::TransferMessage message;
+  message.set_transfer_id("t-9");
+  v1::TransferChunk* c = message.mutable_chunk();
+  c->set_layer(3);
+  c->set_first_slot(77);
+  std::mt19937 rng(9);
+  std::string keys(200, '\0'), values(200, '\0');
+  for (char& x : keys) x = static_cast<char>(rng());
+  for (char& x : values) x = static_cast<char>(rng());
+  c->set_keys(keys);
+  c->set_values(values);
+  c->set_crc32c(0xDEADBEEF);
+  const std::string bytes = message.SerializeAsString();
+  auto check = [&](const grpc::ByteBuffer& buffer) {
+    absl::StatusOr<std::optional<ChunkView>> view = ReadChunk(buffer);
+    ASSERT_TRUE(view.ok()) << view.status();
+    ASSERT_TRUE(view->has_value());
+    const ChunkView& v = **view;
+    EXPECT_EQ(v.layer, 3);
+    EXPECT_EQ(v.first_slot, 77);
+    EXPECT_EQ(v.crc32c, 0xDEADBEEFu);
+    EXPECT_EQ(Join(v.keys), keys);
+    EXPECT_EQ(Join(v.values), values);
+  };
+  // Every single cut, every pair of cuts 7 bytes apart, and one byte per
+  // slice: varints, tags and the checksum split anywhere.
+  for (size_t cut = 0; cut <= bytes.size(); ++cut) {
+    SCOPED_TRACE(cut);
+    check(Split(bytes, {cut}));
+    if (cut + 7 <= bytes.size()) check(Split(bytes, {cut, cut + 7}));
+  }
+  std::vector<size_t> every;
+  for (size_t i = 1; i < bytes.size(); ++i) every.push_back(i);
+  check(Split(bytes, every));
+
+  // Fields it does not know are skipped, as protobuf does.
+  v1::TransferMessage newer = message;
+  newer.mutable_chunk()
+      ->GetReflection()
+      ->MutableUnknownFields(newer.mutable_chunk())
+      ->AddVarint(99, 12345);
+  newer.GetReflection()->MutableUnknownFields(&newer)->AddLengthDelimited(
+      77, "later");
+  check(Split(newer.SerializeAsString(), {9}));
+}
+
+TEST(TransferWireTest, OtherMessagesAreLeftToProtobufAndGarbageIsRefused) {
+  v1::TransferMessage header;
+  header.set_transfer_id("t");
+  header.mutable_header()->set_session_id("x");
+  v1::TransferMessage commit;
+  commit.set_commit(true);
+  for (const v1::TransferMessage& m : {header, commit}) {
+    absl::StatusOr<std::optional<ChunkView>> view =
+        ReadChunk(Split(m.SerializeAsString(), {}));
+    ASSERT_TRUE(view.ok()) << view.status();
+    EXPECT_FALSE(view->has_value());
+  }
+  // A chunk followed by a commit is a commit (the oneof's last field).
+  v1::TransferMessage chunk;
+  chunk.mutable_chunk()->set_keys("abcd");
+  const std::string both =
+      chunk.SerializeAsString() + commit.SerializeAsString();
+  absl::StatusOr<std::optional<ChunkView>> view = ReadChunk(Split(both, {3}));
+  ASSERT_TRUE(view.ok());
+  EXPECT_FALSE(view->has_value());
+  // Truncated anywhere inside: malformed.
+  chunk.mutable_chunk()->set_crc32c(7);
+  const std::string bytes = chunk.SerializeAsString();
+  for (size_t len = 1; len < bytes.size(); ++len) {
+    view = ReadChunk(Split(bytes.substr(0, len), {}));
+    EXPECT_EQ(view.status().code(), absl::StatusCode::kInvalidArgument) << len;
+  }
 }
 
 }  // namespace
