@@ -448,6 +448,19 @@ absl::StatusOr<v1::GetBlockTablesResponse> Session::GetBlockTables(
   return response;
 }
 
+absl::StatusOr<v1::MapPoolResponse> Session::MapPool() const {
+  v1::MapPoolRequest request;
+  request.set_session_id(id_);
+  v1::MapPoolResponse response;
+  absl::Status s = connection_->Call(
+      "MapPool", Retry::kOnUnavailable, [&](grpc::ClientContext& context, int) {
+        response.Clear();
+        return connection_->stub().MapPool(&context, request, &response);
+      });
+  if (!s.ok()) return s;
+  return response;
+}
+
 absl::StatusOr<std::vector<LayerKvData>> Session::ReadKv(
     absl::Span<const int32_t> layers) const {
   v1::ReadKvRequest request;

@@ -274,6 +274,10 @@ class Session {
   // The block tables of `layers` (empty: every layer).
   absl::StatusOr<v1::GetBlockTablesResponse> GetBlockTables(
       absl::Span<const int32_t> layers = {}) const;
+  // The handle, geometry and this session's block tables of the pool its
+  // layout lives in, for a worker on the same machine to map (docs/gpu.md).
+  // FAILED_PRECONDITION unless kvkeepd shares its pools (--share_pools).
+  absl::StatusOr<v1::MapPoolResponse> MapPool() const;
   // The resident keys and values of `layers` (empty: every layer), one
   // entry per requested layer in request order.
   absl::StatusOr<std::vector<LayerKvData>> ReadKv(

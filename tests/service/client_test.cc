@@ -443,6 +443,15 @@ TEST_F(ClientTest, SessionLifecycle) {
   EXPECT_EQ(server_->store().Layouts()[0].pool.used_pages, 0);
 }
 
+// This server does not share its pools: MapPool says so, and how to.
+// (Mapping a shared pool: kvkeepd_process_test, the Python client.)
+TEST_F(ClientTest, MapPoolNamesTheFlagWhenPoolsAreNotShared) {
+  Session s = Create(Request("f32", "h2o", {{"recent", "2"}}, 16));
+  absl::StatusOr<v1::MapPoolResponse> pool = s.MapPool();
+  EXPECT_EQ(pool.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(pool.status().message(), HasSubstr("--share_pools"));
+}
+
 TEST_F(ClientTest, HandlesOutliveTheirClient) {
   std::optional<Session> s;
   {
