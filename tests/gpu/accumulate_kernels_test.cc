@@ -28,25 +28,7 @@ namespace kvkeep {
 namespace {
 
 using ::kvkeep::testing::DeviceArray;
-
-// A non-default stream, so the launcher is checked with the stream it is
-// given.
-class Stream {
- public:
-  Stream() {
-    if (cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) !=
-        cudaSuccess) {
-      stream_ = nullptr;
-    }
-  }
-  ~Stream() {
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  }
-  cudaStream_t get() const { return stream_; }
-
- private:
-  cudaStream_t stream_ = nullptr;
-};
+using ::kvkeep::testing::Stream;
 
 // One layer: host arrays (for the twin) and the same bytes on the device.
 // `offset` floats of padding in front of every array move its base off a

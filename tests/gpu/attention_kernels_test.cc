@@ -45,23 +45,7 @@ namespace kvkeep {
 namespace {
 
 using ::kvkeep::testing::DeviceArray;
-
-class Stream {
- public:
-  Stream() {
-    if (cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) !=
-        cudaSuccess) {
-      stream_ = nullptr;
-    }
-  }
-  ~Stream() {
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  }
-  cudaStream_t get() const { return stream_; }
-
- private:
-  cudaStream_t stream_ = nullptr;
-};
+using ::kvkeep::testing::Stream;
 
 // A layer's keys in a paged arena, laid out as the store lays them out:
 // page = [K, V][page_tokens][kv_heads][head_dim]. The block table takes

@@ -68,6 +68,28 @@ class DeviceArray {
   size_t n_ = 0;
 };
 
+// A non-blocking stream of its own, so a launcher is checked with the
+// stream it is given (not the default one). get() is null if creation
+// failed.
+class Stream {
+ public:
+  Stream() {
+    if (cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) !=
+        cudaSuccess) {
+      stream_ = nullptr;
+    }
+  }
+  ~Stream() {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
 }  // namespace kvkeep::testing
 
 #endif  // KVKEEP_TESTS_GPU_GPU_TESTING_H_

@@ -30,23 +30,7 @@ namespace kvkeep {
 namespace {
 
 using ::kvkeep::testing::DeviceArray;
-
-class Stream {
- public:
-  Stream() {
-    if (cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) !=
-        cudaSuccess) {
-      stream_ = nullptr;
-    }
-  }
-  ~Stream() {
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  }
-  cudaStream_t get() const { return stream_; }
-
- private:
-  cudaStream_t stream_ = nullptr;
-};
+using ::kvkeep::testing::Stream;
 
 // "" when `got` and `want` hold the same bits, else where they first differ.
 template <typename T>
