@@ -62,6 +62,13 @@ absl::StatusOr<const CacheStore::Pool*> CacheStore::FindPool(
   return absl::NotFoundError(absl::StrCat("unknown layout '", layout, "'"));
 }
 
+absl::StatusOr<PageMemory*> CacheStore::MemoryOf(
+    const std::string& layout) const {
+  absl::StatusOr<const Pool*> pool = FindPool(layout);
+  if (!pool.ok()) return pool.status();
+  return &(*pool)->pages->memory();
+}
+
 absl::StatusOr<PoolMapping> CacheStore::SharePool(
     const std::string& layout) const {
   absl::StatusOr<const Pool*> pool = FindPool(layout);
@@ -244,6 +251,24 @@ absl::Status CacheStore::PendingImport::Write(
   absl::Status s = session_->WriteSlots(layer, written_[layer], keys, values);
   if (!s.ok()) return s;
   written_[layer] += static_cast<int64_t>(keys.size()) / token_bytes;
+  return absl::OkStatus();
+}
+
+absl::Status CacheStore::PendingImport::Fill(int32_t layer, int64_t n,
+                                             const SlotFill& fill) {
+  if (layer < 0 || layer >= static_cast<int32_t>(written_.size()) || n < 0 ||
+      written_[layer] + n > snapshot_.layers[layer].resident()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session ", SessionName(id()), ": layer ", layer, ": ", n,
+                     " slots do not fit what it reserved"));
+  }
+  if (absl::Status s =
+          fill(session_->memory(), session_->layout().page_layout(),
+               session_->layer_pages(layer), written_[layer], n);
+      !s.ok()) {
+    return s;
+  }
+  written_[layer] += n;
   return absl::OkStatus();
 }
 

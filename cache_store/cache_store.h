@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -83,6 +84,8 @@ class CacheStore {
 
   // Where the pools live.
   const Device& device() const { return options_.device; }
+  // The memory of a layout's pool; NOT_FOUND for an unknown layout.
+  absl::StatusOr<PageMemory*> MemoryOf(const std::string& layout) const;
   // The handle of a layout's pool: NOT_FOUND for an unknown layout;
   // FAILED_PRECONDITION unless the store shares its pools.
   absl::StatusOr<PoolMapping> SharePool(const std::string& layout) const;
@@ -141,6 +144,13 @@ class CacheStore {
     absl::Status Write(int32_t layer, std::span<const std::byte> keys,
                        std::span<const std::byte> values);
     bool complete() const;
+    // Fills the next `n` slots of `layer` with `fill`, which gets the
+    // memory, the page layout, the layer's pages and the slot range (as
+    // Write, for bytes that do not pass through the host: NCCL).
+    using SlotFill = std::function<absl::Status(
+        PageMemory& memory, const PageLayout& layout,
+        std::span<const PageId> pages, int64_t first, int64_t n)>;
+    absl::Status Fill(int32_t layer, int64_t n, const SlotFill& fill);
 
    private:
     friend class CacheStore;

@@ -101,6 +101,7 @@ class CudaMemory final : public PageMemory {
     return absl::OkStatus();
   }
   int64_t bytes() const override { return bytes_; }
+  std::byte* device_arena() override { return arena_; }
 
   absl::Status WriteSlots(const PageLayout& layout,
                           std::span<const PageId> pages, int64_t first,

@@ -63,6 +63,9 @@ class PageMemory {
   virtual int64_t bytes() const = 0;
   // The arena when it is in host memory; null for device memory.
   virtual std::byte* host_data() { return nullptr; }
+  // The arena when it is in device memory (device().ordinal); null for host
+  // memory. For moving pages device to device (cache_store/nccl_link.h).
+  virtual std::byte* device_arena() { return nullptr; }
   // INVALID_ARGUMENT naming what is missing unless every kernel this memory
   // runs supports pages of `layout` (checked once, when the pool is made).
   virtual absl::Status CheckLayout(const PageLayout& layout) const {

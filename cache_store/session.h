@@ -107,6 +107,13 @@ class Session {
   const SessionWork& work() const { return work_; }
 
   SessionId id() const { return id_; }
+  // The pages of `layer` (slot s in pages[s / page_tokens]), and the memory
+  // they live in: for moving a frozen or reserved session's bytes device to
+  // device. `layer` must be valid.
+  std::span<const PageId> layer_pages(int32_t layer) const {
+    return layers_[layer].pages;
+  }
+  PageMemory& memory() const { return pool_->memory(); }
   const ModelLayout& layout() const { return layout_; }
   const EvictionPolicy& policy() const { return *policy_; }
 

@@ -35,6 +35,8 @@ ABSL_FLAG(std::string, token, "",
 ABSL_FLAG(bool, json, false, "print one JSON document instead of tables");
 ABSL_FLAG(std::string, target_token, "",
           "transfer: bearer token for the target kvkeepd");
+ABSL_FLAG(std::string, transport, "auto",
+          "transfer: auto (NCCL when both pools are on GPUs), host or nccl");
 ABSL_FLAG(std::string, tls_ca, "",
           "PEM file of the CA that signed the server's certificate (enables "
           "TLS)");
@@ -338,6 +340,7 @@ int Transfer(const KvKeepClient& kv, const std::string& id,
   request.set_session_id(id);
   request.set_target(target);
   request.set_target_token(absl::GetFlag(FLAGS_target_token));
+  request.set_transport(absl::GetFlag(FLAGS_transport));
   absl::StatusOr<v1::TransferSessionResponse> moved =
       kv.TransferSession(request);
   if (!moved.ok()) return Fail("transfer", moved.status());

@@ -49,7 +49,7 @@ KvKeepService::KvKeepService(CacheStore* store, ServiceOptions options)
             [this](const grpc::CallbackServerContext& c) {
               return Authenticate(c);
             },
-            !options_.tenants_by_token.empty(), options_.on_transfer);
+            !options_.tenants_by_token.empty(), options_.on_transfer, &nccl_);
       }));
 }
 
@@ -674,6 +674,48 @@ void KvKeepService::RunTransfer(SessionId id,
   auto fail = [&](const absl::Status& s) {
     reactor->Finish(Finish("TransferSession", s));
   };
+  // The transport: NCCL is offered when this store can use it; the target
+  // decides (docs/transfer.md).
+  const std::string& transport = request.transport();
+  if (transport != "" && transport != "auto" && transport != "host" &&
+      transport != "nccl") {
+    fail(absl::InvalidArgumentError(absl::StrCat(
+        "transport '", transport, "' is not one of auto, host, nccl")));
+    return;
+  }
+  std::optional<v1::NcclOffer> offer;
+  PageMemory* memory = nullptr;
+  int64_t token_bytes = 0;
+  PageLayout page_layout;
+  {
+    absl::StatusOr<SessionStats> stats = store_->GetStats(id);
+    if (!stats.ok()) {
+      fail(stats.status());
+      return;
+    }
+    for (const LayoutStats& l : store_->Layouts()) {
+      if (l.layout.name == stats->layout) page_layout = l.layout.page_layout();
+    }
+    token_bytes = page_layout.token_bytes();
+    absl::StatusOr<PageMemory*> found = store_->MemoryOf(stats->layout);
+    if (!found.ok()) {
+      fail(found.status());
+      return;
+    }
+    memory = *found;
+  }
+  if (transport != "host") {
+    absl::StatusOr<v1::NcclOffer> made = nccl_.Offer(
+        request.target(), *memory, token_bytes, transport == "nccl");
+    if (made.ok()) {
+      offer = *std::move(made);
+    } else if (transport == "nccl") {
+      fail(absl::Status(
+          made.status().code(),
+          absl::StrCat("transport 'nccl': ", made.status().message())));
+      return;
+    }
+  }
   // Phase 1 here: freeze (or resume a transfer whose commit was in doubt).
   absl::StatusOr<SessionSnapshot> snapshot;
   {
@@ -694,6 +736,7 @@ void KvKeepService::RunTransfer(SessionId id,
     }
   }
   if (!snapshot.ok()) {
+    if (offer.has_value()) nccl_.Withdraw(*offer);
     fail(snapshot.status());
     return;
   }
@@ -706,6 +749,24 @@ void KvKeepService::RunTransfer(SessionId id,
   options.chunk_bytes =
       std::min<int64_t>(4 << 20, options_.max_message_bytes / 2);
   options.fault = options_.transfer_fault;
+  std::vector<std::optional<BlockTable>> tables(snapshot->layers.size());
+  if (offer.has_value()) {
+    options.nccl_offer = offer;
+    options.nccl_connect = [&] {
+      return nccl_.Connect(request.target(), *offer, memory->device().ordinal,
+                           deadline);
+    };
+    // The session is frozen: its block tables hold still while it moves.
+    options.nccl_move = [&](NcclChannel& channel, int32_t layer, int64_t first,
+                            int64_t n) -> absl::Status {
+      if (!tables[layer].has_value()) {
+        absl::StatusOr<BlockTable> table = store_->GetBlockTable(id, layer);
+        if (!table.ok()) return table.status();
+        tables[layer] = *std::move(table);
+      }
+      return channel.Move(*memory, page_layout, tables[layer]->pages, first, n);
+    };
+  }
   for (const LayoutStats& l : store_->Layouts()) {
     if (l.layout.name == snapshot->layout) {
       options.token_bytes = l.layout.page_layout().token_bytes();
@@ -718,8 +779,10 @@ void KvKeepService::RunTransfer(SessionId id,
         return store_->ReadSlots(id, layer, first, n, keys, values);
       },
       options);
+  // An offer the target did not take: a reused link it named is dropped.
+  if (offer.has_value() && sent.transport != "nccl") nccl_.Withdraw(*offer);
   if (options_.on_transfer) {
-    options_.on_transfer(TransferReport{"host", /*outgoing=*/true,
+    options_.on_transfer(TransferReport{sent.transport, /*outgoing=*/true,
                                         sent.status.code(), sent.bytes,
                                         absl::Now() - start});
   }
@@ -730,7 +793,7 @@ void KvKeepService::RunTransfer(SessionId id,
     store_->FinishTransfer(id, /*committed=*/true).IgnoreError();
     response->set_session_id(SessionName(id));
     response->set_transfer_id(transfer_id);
-    response->set_transport("host");
+    response->set_transport(sent.transport);
     response->set_bytes(sent.bytes);
     response->set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
     LogEvent("transfer", absl::StrCat("session=", SessionName(id), " target=",
@@ -761,7 +824,7 @@ KvKeepService::ReceiveSession(grpc::CallbackServerContext* ctx) {
   return NewReceiveReactor(
       store_, &transfer_log_, ctx,
       [this](const grpc::CallbackServerContext& c) { return Authenticate(c); },
-      !options_.tenants_by_token.empty(), options_.on_transfer);
+      !options_.tenants_by_token.empty(), options_.on_transfer, &nccl_);
 }
 
 }  // namespace kvkeep

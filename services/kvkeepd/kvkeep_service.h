@@ -121,6 +121,7 @@ class KvKeepService final : public v1::KvKeep::CallbackService {
   CacheStore* const store_;
   const ServiceOptions options_;
   TransferLog transfer_log_;  // transfers committed here as the target
+  NcclTransport nccl_;        // links to other stores' GPUs, both ways
   absl::Mutex transfers_mu_;
   // Sessions being sent: their transfer id, and whether a send is running
   // (not running: the commit's outcome is unknown; a retry with the same id

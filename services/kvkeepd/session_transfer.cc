@@ -5,6 +5,7 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <type_traits>
 #include <utility>
 
@@ -25,6 +26,9 @@ namespace {
 // values) at a time, so a piece is still in the core's cache when the
 // next pass over it comes.
 constexpr size_t kPassBytes = 128 << 10;
+// How long a target waits for an NCCL sender at most (joining the link,
+// each run of slots), when the call's own deadline is later or unset.
+constexpr absl::Duration kNcclPatience = absl::Minutes(5);
 
 // Field tags (field number << 3 | wire type) of the messages ChunkMessage
 // and ReadChunk handle by hand.
@@ -201,11 +205,15 @@ class ReceiveReactor final : public grpc::ServerBidiReactor<Request, Response> {
  public:
   ReceiveReactor(CacheStore* store, TransferLog* log,
                  grpc::CallbackServerContext* ctx, Authenticator authenticate,
-                 bool tenants_configured, TransferObserver observer)
+                 bool tenants_configured, TransferObserver observer,
+                 NcclTransport* nccl)
       : store_(store),
         log_(log),
         tenants_configured_(tenants_configured),
         observer_(std::move(observer)),
+        nccl_(nccl),
+        deadline_(std::min(absl::FromChrono(ctx->deadline()),
+                           absl::Now() + kNcclPatience)),
         start_(absl::Now()) {
     absl::StatusOr<std::string> tenant = authenticate(*ctx);
     if (!tenant.ok()) {
@@ -220,12 +228,14 @@ class ReceiveReactor final : public grpc::ServerBidiReactor<Request, Response> {
     if (!ok) {
       // The sender went away before committing: the reservation goes back
       // as `pending_` is destroyed.
+      Abandon();
       Finish(grpc::Status(grpc::StatusCode::CANCELLED,
                           "the transfer ended before its commit"));
       return;
     }
     absl::Status s = Handle();
     if (!s.ok()) {
+      Abandon();
       pending_.reset();
       Finish(ToGrpcStatus(s));
       return;
@@ -260,8 +270,10 @@ class ReceiveReactor final : public grpc::ServerBidiReactor<Request, Response> {
   }
 
   void OnDone() override {
+    Abandon();  // a no-op unless the call ended without a commit
     if (observer_ && started_) {
-      observer_(TransferReport{"host", /*outgoing=*/false,
+      observer_(TransferReport{receive_ != nullptr ? "nccl" : "host",
+                               /*outgoing=*/false,
                                committed_ ? absl::StatusCode::kOk : end_code_,
                                bytes_, absl::Now() - start_});
     }
@@ -337,11 +349,76 @@ class ReceiveReactor final : public grpc::ServerBidiReactor<Request, Response> {
             static_cast<size_t>(l.layout.page_layout().token_bytes());
       }
     }
+    std::vector<int64_t> resident;
+    for (const LayerSnapshot& l : snapshot->layers) {
+      resident.push_back(l.resident());
+    }
+    const std::string layout = snapshot->layout;
     absl::StatusOr<std::unique_ptr<CacheStore::PendingImport>> pending =
         store_->PrepareImport(*std::move(snapshot));
     if (!pending.ok()) return pending.status();
     pending_ = *std::move(pending);
+    reply_.set_transport("host");
+    if (message.has_nccl()) {
+      absl::Status s = AcceptNccl(message.nccl(), layout, std::move(resident));
+      if (!s.ok() && message.nccl().required()) return s;
+    }
     return Reply(v1::TransferReply::READY);
+  }
+
+  // Takes an NCCL offer: the pages then arrive over the link, on a thread
+  // of their own (joining the communicator waits for the sender, who joins
+  // once it reads READY), and the commit waits for them.
+  absl::Status AcceptNccl(const v1::NcclOffer& offer, const std::string& layout,
+                          std::vector<int64_t> resident) {
+    if (nccl_ == nullptr) {
+      return absl::FailedPreconditionError(
+          "this store does not take NCCL transfers");
+    }
+    absl::StatusOr<PageMemory*> memory = store_->MemoryOf(layout);
+    if (!memory.ok()) return memory.status();
+    if (absl::Status s = nccl_->Accept(offer, **memory); !s.ok()) return s;
+    auto receive = std::make_shared<NcclReceive>();
+    receive->pending = pending_.get();
+    receive->thread = std::thread([receive, offer,
+                                   resident = std::move(resident), nccl = nccl_,
+                                   memory = *memory, deadline = deadline_] {
+      absl::StatusOr<std::unique_ptr<NcclChannel>> channel =
+          nccl->Join(offer, memory->device().ordinal, deadline);
+      if (!channel.ok()) {
+        receive->status = channel.status();
+        return;
+      }
+      receive->channel = *std::move(channel);
+      for (size_t l = 0; l < resident.size() && receive->status.ok(); ++l) {
+        for (int64_t first = 0; first < resident[l] && receive->status.ok();
+             first += offer.chunk_slots()) {
+          const int64_t n = std::min(offer.chunk_slots(), resident[l] - first);
+          receive->status = receive->pending->Fill(
+              static_cast<int32_t>(l), n,
+              [&](PageMemory& m, const PageLayout& layout,
+                  std::span<const PageId> pages, int64_t at, int64_t count) {
+                receive->bytes += 2 * count * layout.token_bytes();
+                return receive->channel->Move(m, layout, pages, at, count);
+              });
+        }
+      }
+    });
+    receive_ = std::move(receive);
+    reply_.set_transport("nccl");
+    return absl::OkStatus();
+  }
+
+  // Ends an NCCL receive that will not be committed: its thread is joined
+  // off gRPC's thread, and then the reservation goes back.
+  void Abandon() {
+    if (receive_ == nullptr || receive_->joined) return;
+    receive_->joined = true;
+    std::thread([receive = receive_, pending = std::move(pending_)]() mutable {
+      receive->thread.join();
+      if (receive->channel != nullptr) receive->channel->Done(false);
+      pending.reset();
+    }).detach();
   }
 
   // Writes the chunk into the reserved pages a slot range at a time,
@@ -351,6 +428,10 @@ class ReceiveReactor final : public grpc::ServerBidiReactor<Request, Response> {
   absl::Status Chunk(const ChunkView& chunk) {
     if (pending_ == nullptr) {
       return absl::FailedPreconditionError("a chunk before the header");
+    }
+    if (receive_ != nullptr) {
+      return absl::FailedPreconditionError(
+          "a chunk message in a transfer that moves its pages over NCCL");
     }
     const size_t kv_bytes = TotalBytes(chunk.keys);
     if (kv_bytes != TotalBytes(chunk.values) || token_bytes_ == 0 ||
@@ -403,7 +484,18 @@ class ReceiveReactor final : public grpc::ServerBidiReactor<Request, Response> {
     if (pending_ == nullptr) {
       return absl::FailedPreconditionError("a commit before the header");
     }
+    if (receive_ != nullptr) {
+      // The sender commits once its sends completed; the receives finish
+      // moments later. This waits on gRPC's thread, for that short while.
+      receive_->joined = true;
+      receive_->thread.join();
+      bytes_ = receive_->bytes;
+      if (!receive_->status.ok()) return receive_->status;
+    }
     absl::StatusOr<SessionId> id = store_->CommitImport(std::move(pending_));
+    if (receive_ != nullptr && receive_->channel != nullptr) {
+      receive_->channel->Done(id.ok());
+    }
     if (!id.ok()) return id.status();
     log_->Add(transfer_id_, *id);
     committed_ = true;
@@ -420,6 +512,8 @@ class ReceiveReactor final : public grpc::ServerBidiReactor<Request, Response> {
   TransferLog* const log_;
   const bool tenants_configured_;
   const TransferObserver observer_;
+  NcclTransport* const nccl_;  // may be null
+  const absl::Time deadline_;  // for the NCCL link
   const absl::Time start_;
   int64_t bytes_ = 0;
   bool committed_ = false;
@@ -429,6 +523,16 @@ class ReceiveReactor final : public grpc::ServerBidiReactor<Request, Response> {
   bool started_ = false;
   size_t token_bytes_ = 0;  // one token's keys (or values) in one layer
   std::unique_ptr<CacheStore::PendingImport> pending_;
+  // The pages coming over NCCL: the receiving thread and what it did.
+  struct NcclReceive {
+    std::thread thread;
+    bool joined = false;
+    CacheStore::PendingImport* pending = nullptr;  // owned by the reactor
+    std::unique_ptr<NcclChannel> channel;
+    absl::Status status;
+    int64_t bytes = 0;
+  };
+  std::shared_ptr<NcclReceive> receive_;
   std::vector<std::byte> straddle_;  // one token's keys and values
   Request request_;
   v1::TransferReply reply_;
@@ -836,6 +940,9 @@ SendResult SendSession(const SessionSnapshot& snapshot, const SlotReader& read,
   v1::TransferMessage header;
   header.set_transfer_id(options.transfer_id);
   StateToProto(snapshot, header.mutable_header());
+  if (options.nccl_offer.has_value()) {
+    *header.mutable_nccl() = *options.nccl_offer;
+  }
   if (!call->Write(Serialize(header))) {
     return end("the target did not answer the header");
   }
@@ -850,12 +957,46 @@ SendResult SendSession(const SessionSnapshot& snapshot, const SlotReader& read,
   // From here a reply is always asked for: the next one is the commit's,
   // and an early end (the target refused a chunk) stops the sending.
   call->StartReading();
+  std::unique_ptr<NcclChannel> channel;
+  if (reply->transport() == "nccl") {
+    if (!options.nccl_offer.has_value()) {
+      static_cast<void>(call->Finish(/*cancel=*/true));
+      result.status = absl::InternalError(
+          "the target chose NCCL, which this sender did not offer");
+      return result;
+    }
+    result.transport = "nccl";
+    absl::StatusOr<std::unique_ptr<NcclChannel>> connected =
+        options.nccl_connect();
+    if (!connected.ok()) {
+      static_cast<void>(call->Finish(/*cancel=*/true));
+      result.status = connected.status();
+      return result;
+    }
+    channel = *std::move(connected);
+  }
   const size_t token_bytes = static_cast<size_t>(options.token_bytes);
   const int64_t slots_per_chunk =
       std::max<int64_t>(1, options.chunk_bytes / (2 * options.token_bytes));
   const int64_t slots_per_pass = std::max<int64_t>(1, kPassBytes / token_bytes);
   int64_t chunk_index = 0;
-  for (size_t l = 0; l < snapshot.layers.size(); ++l) {
+  for (size_t l = 0; l < snapshot.layers.size() && channel != nullptr; ++l) {
+    const int64_t run = options.nccl_offer->chunk_slots();
+    const int64_t resident = snapshot.layers[l].resident();
+    for (int64_t first = 0; first < resident; first += run) {
+      const int64_t n = std::min(run, resident - first);
+      if (absl::Status s =
+              options.nccl_move(*channel, static_cast<int32_t>(l), first, n);
+          !s.ok()) {
+        channel->Done(false);
+        static_cast<void>(call->Finish(/*cancel=*/true));
+        result.status = s;
+        return result;
+      }
+      result.bytes += 2 * n * options.token_bytes;
+    }
+  }
+  for (size_t l = 0; l < snapshot.layers.size() && channel == nullptr; ++l) {
     const LayerSnapshot& layer = snapshot.layers[l];
     const int32_t layer_index = static_cast<int32_t>(l);
     for (int64_t first = 0; first < layer.resident();
@@ -913,9 +1054,10 @@ SendResult SendSession(const SessionSnapshot& snapshot, const SlotReader& read,
     return end("the stream broke at the commit");
   }
   reply = call->AwaitReply();
-  if (!reply.has_value() || reply->phase() != v1::TransferReply::COMMITTED) {
-    return end("no answer to the commit");
-  }
+  const bool committed =
+      reply.has_value() && reply->phase() == v1::TransferReply::COMMITTED;
+  if (channel != nullptr) channel->Done(committed);
+  if (!committed) return end("no answer to the commit");
   result.status = FromGrpcStatus(call->Finish(/*cancel=*/false));
   result.in_doubt = !result.status.ok();
   return result;
@@ -924,20 +1066,21 @@ SendResult SendSession(const SessionSnapshot& snapshot, const SlotReader& read,
 grpc::ServerBidiReactor<v1::TransferMessage, v1::TransferReply>*
 NewReceiveReactor(CacheStore* store, TransferLog* log,
                   grpc::CallbackServerContext* ctx, Authenticator authenticate,
-                  bool tenants_configured, TransferObserver observer) {
+                  bool tenants_configured, TransferObserver observer,
+                  NcclTransport* nccl) {
   return new ReceiveReactor<v1::TransferMessage, v1::TransferReply>(
       store, log, ctx, std::move(authenticate), tenants_configured,
-      std::move(observer));
+      std::move(observer), nccl);
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 NewRawReceiveReactor(CacheStore* store, TransferLog* log,
                      grpc::CallbackServerContext* ctx,
                      Authenticator authenticate, bool tenants_configured,
-                     TransferObserver observer) {
+                     TransferObserver observer, NcclTransport* nccl) {
   return new ReceiveReactor<grpc::ByteBuffer, grpc::ByteBuffer>(
       store, log, ctx, std::move(authenticate), tenants_configured,
-      std::move(observer));
+      std::move(observer), nccl);
 }
 
 int ReceiveSessionMethodIndex() {

@@ -34,6 +34,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
 #include "kvkeep/v1/kvkeep.grpc.pb.h"
+#include "services/kvkeepd/nccl_transport.h"
 
 namespace kvkeep {
 
@@ -80,6 +81,15 @@ struct SendOptions {
   // Test-only: may change a chunk after its checksum is computed (such a
   // chunk is then sent through the protobuf message, not ChunkMessage).
   std::function<void(int64_t chunk, v1::TransferChunk&)> fault;
+  // The NCCL transport: offered with the header when set. If the target
+  // takes it (READY with transport "nccl"), `nccl_connect` gives the
+  // channel, and each layer's slots go over it in runs of the offer's
+  // chunk_slots with `nccl_move`, instead of chunk messages.
+  std::optional<v1::NcclOffer> nccl_offer;
+  std::function<absl::StatusOr<std::unique_ptr<NcclChannel>>()> nccl_connect;
+  std::function<absl::Status(NcclChannel& channel, int32_t layer, int64_t first,
+                             int64_t n)>
+      nccl_move;
 };
 
 // How a send ended. A failure `in_doubt` may have been committed by the
@@ -90,6 +100,7 @@ struct SendResult {
   absl::Status status;
   bool in_doubt = false;
   int64_t bytes = 0;
+  std::string transport = "host";  // what the target agreed to
 };
 
 // Reads slots [first, first + n) of a layer's keys and values into the
@@ -113,15 +124,17 @@ SendResult SendSession(const SessionSnapshot& state, const SlotReader& read,
 // (see RawReceiveSessionHandler), reads each chunk in place.
 using Authenticator = std::function<absl::StatusOr<std::string>(
     const grpc::CallbackServerContext&)>;
+// `nccl` (may be null: host transport only) answers NCCL offers.
 grpc::ServerBidiReactor<v1::TransferMessage, v1::TransferReply>*
 NewReceiveReactor(CacheStore* store, TransferLog* log,
                   grpc::CallbackServerContext* ctx, Authenticator authenticate,
-                  bool tenants_configured, TransferObserver observer);
+                  bool tenants_configured, TransferObserver observer,
+                  NcclTransport* nccl = nullptr);
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 NewRawReceiveReactor(CacheStore* store, TransferLog* log,
                      grpc::CallbackServerContext* ctx,
                      Authenticator authenticate, bool tenants_configured,
-                     TransferObserver observer);
+                     TransferObserver observer, NcclTransport* nccl = nullptr);
 
 // ReceiveSession's index among KvKeep's methods, and a handler for it that
 // makes raw reactors with `make`: a service derived from the generated

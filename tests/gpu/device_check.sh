@@ -44,6 +44,14 @@ if [ ! -d .device/googletest ] || [ ! -d .device/root/usr ]; then
   exit 1
 fi
 
+# NCCL for the NCCL link tests: the loader's, or the copy PyTorch's wheel
+# ships (nvidia-nccl), named by KVKEEP_NCCL_LIBRARY.
+if [ -z "${KVKEEP_NCCL_LIBRARY:-}" ] && ! ldconfig -p 2>/dev/null | grep -q libnccl.so.2; then
+  lib=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0] + "/lib/libnccl.so.2")' 2>/dev/null)
+  [ -n "$lib" ] && [ -f "$lib" ] && export KVKEEP_NCCL_LIBRARY="$lib"
+fi
+say "nccl: ${KVKEEP_NCCL_LIBRARY:-$(ldconfig -p 2>/dev/null | grep -m1 libnccl.so.2 | sed 's/.*=> //')}"
+
 build=build-gpu
 say "== build ($build)"
 generator=()

@@ -36,13 +36,13 @@ namespace {
 
 using ::testing::HasSubstr;
 
-ModelLayout Layout() {
+ModelLayout Layout(int32_t head_dim = 8) {
   ModelLayout l;
   l.name = "m";
   l.num_layers = 2;
   l.kv_heads = 2;
   l.query_heads = 4;
-  l.head_dim = 8;
+  l.head_dim = head_dim;
   l.dtype = DType::kF32;
   l.page_tokens = 4;
   return l;
@@ -51,9 +51,11 @@ ModelLayout Layout() {
 // A store and its service on a loopback port.
 class Store {
  public:
-  explicit Store(int64_t pages, ServiceOptions options = {}) {
+  explicit Store(int64_t pages, ServiceOptions options = {}, Device device = {},
+                 int32_t head_dim = 8) {
     StoreOptions store_options;
-    store_options.pools.push_back(PoolSpec{Layout(), pages});
+    store_options.pools.push_back(PoolSpec{Layout(head_dim), pages});
+    store_options.device = device;
     store_ = *CacheStore::Create(store_options);
     service_ =
         std::make_unique<KvKeepService>(store_.get(), std::move(options));
@@ -144,13 +146,15 @@ grpc::Status Transfer(Store& from, const std::string& session,
                       const std::string& target,
                       v1::TransferSessionResponse* out,
                       const std::string& transfer_id = "",
-                      absl::Duration deadline = absl::Seconds(60)) {
+                      absl::Duration deadline = absl::Seconds(60),
+                      const std::string& transport = "") {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
   v1::TransferSessionRequest request;
   request.set_session_id(session);
   request.set_target(target);
   request.set_transfer_id(transfer_id);
+  request.set_transport(transport);
   return from.client().stub().TransferSession(&ctx, request, out);
 }
 
@@ -252,6 +256,85 @@ void ExpectServedUnchanged(Store& source, const client::Session& s,
   EXPECT_EQ(now.positions, before.positions);
   EXPECT_TRUE(now.keys == before.keys);
   EXPECT_TRUE(metrics_testing::DecodeWithQueries(s, 3, 1000, rng).ok());
+}
+
+// The transport is chosen per transfer: host pools have no NCCL, so "nccl"
+// is refused before the session is touched, "auto" picks the host
+// transport, and anything else is a bad argument.
+TEST(TransferTest, TheTransportIsChosenPerTransfer) {
+  Store source(256), target(256);
+  std::mt19937 rng(7);
+  const client::Session s = Decoded(source, "h2o", rng);
+  const LayerKvCopy before =
+      *source.store().ReadLayer(*ParseSessionName(s.id()), 1);
+  v1::TransferSessionResponse response;
+  grpc::Status status = Transfer(source, s.id(), target.address(), &response,
+                                 "", absl::Seconds(60), "nccl");
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr("host memory"));
+  status = Transfer(source, s.id(), target.address(), &response, "",
+                    absl::Seconds(60), "carrier-pigeon");
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  ExpectServedUnchanged(source, s, before, rng);
+  EXPECT_EQ(target.used_pages(), 0);
+
+  status = Transfer(source, s.id(), target.address(), &response, "",
+                    absl::Seconds(60), "auto");
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.transport(), "host");
+}
+
+// Two GPU pools: the pages move pool to pool over NCCL, byte for byte, and
+// later transfers between the same stores reuse the communicator. To a host
+// pool, "auto" falls back to the host transport and "nccl" is refused with
+// the session left serving. Needs two CUDA devices (skipped otherwise).
+TEST(TransferNcclTest, GpuPoolsMoveTheirPagesOverNccl) {
+  if (CudaDeviceCount() < 2) {
+    GTEST_SKIP() << "needs two CUDA devices (this machine has "
+                 << CudaDeviceCount() << ")";
+  }
+  Store source(256, {}, Device{Device::Kind::kCuda, 0}, 64);
+  Store target(256, {}, Device{Device::Kind::kCuda, 1}, 64);
+  Store reference(256, {}, Device{}, 64);
+  Store host_target(256, {}, Device{}, 64);
+  std::mt19937 rng(8);
+  for (int round = 0; round < 2; ++round) {  // the second reuses the link
+    SCOPED_TRACE(round);
+    const client::Session s = Decoded(source, "h2o", rng);
+    const SessionId id = *ParseSessionName(s.id());
+    ASSERT_TRUE(reference.store()
+                    .ImportSession(*source.store().ExportSession(id))
+                    .ok());
+    v1::TransferSessionResponse response;
+    const grpc::Status status =
+        Transfer(source, s.id(), target.address(), &response, "",
+                 absl::Seconds(120), round == 0 ? "nccl" : "auto");
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(response.transport(), "nccl");
+    for (int32_t l = 0; l < 2; ++l) {
+      const LayerKvCopy a = *target.store().ReadLayer(id, l);
+      const LayerKvCopy b = *reference.store().ReadLayer(id, l);
+      EXPECT_EQ(a.version, b.version);
+      EXPECT_EQ(a.positions, b.positions);
+      EXPECT_TRUE(a.keys == b.keys && a.values == b.values);
+    }
+    EXPECT_TRUE(metrics_testing::DecodeWithQueries(
+                    *target.client().OpenSession(s.id()), 5, 1000, rng)
+                    .ok());
+  }
+  const client::Session s = Decoded(source, "tova", rng);
+  const LayerKvCopy before =
+      *source.store().ReadLayer(*ParseSessionName(s.id()), 1);
+  v1::TransferSessionResponse response;
+  grpc::Status status = Transfer(source, s.id(), host_target.address(),
+                                 &response, "", absl::Seconds(60), "nccl");
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  ExpectServedUnchanged(source, s, before, rng);
+  EXPECT_EQ(host_target.used_pages(), 0);
+  status = Transfer(source, s.id(), host_target.address(), &response, "",
+                    absl::Seconds(60), "auto");
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.transport(), "host");
 }
 
 TEST(TransferTest, AFullTargetRefusesBeforeAnyByteMoves) {
