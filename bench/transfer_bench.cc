@@ -12,7 +12,11 @@
 // The process sets kvkeepd's malloc options, and the target's pool is warm
 // (touched by an earlier session) unless --cold.
 //
-//   build/bin/transfer_bench [GIB] [--cold]   (default 1, a warm target pool)
+// --nccl (a machine with two GPUs): the pools are on cuda:0 and cuda:1 and
+// the session moves over NCCL; the baseline is cudaMemcpyPeer of the same
+// bytes between the two devices in the same run (the link's measured peak).
+//
+//   build/bin/transfer_bench [GIB] [--cold] [--nccl]   (default 1, warm, host)
 #include <arpa/inet.h>
 #include <malloc.h>
 #include <netinet/in.h>
@@ -38,6 +42,10 @@
 #include "grpcpp/server_builder.h"
 #include "services/kvkeepd/kvkeep_service.h"
 
+#if defined(KVKEEP_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+#endif
+
 namespace kvkeep {
 namespace {
 
@@ -57,10 +65,16 @@ ModelLayout Layout() {
 
 class Server {
  public:
-  explicit Server(int64_t pages) {
+  Server(int64_t pages, Device device) {
     StoreOptions o;
     o.pools.push_back(PoolSpec{Layout(), pages});
-    store_ = *CacheStore::Create(o);
+    o.device = device;
+    absl::StatusOr<std::unique_ptr<CacheStore>> store = CacheStore::Create(o);
+    if (!store.ok()) {
+      std::fprintf(stderr, "%s\n", store.status().ToString().c_str());
+      std::exit(1);
+    }
+    store_ = *std::move(store);
     ServiceOptions so;
     so.max_message_bytes = kMessageBytes;
     service_ = std::make_unique<KvKeepService>(store_.get(), so);
@@ -143,20 +157,73 @@ double RawTcp(int64_t bytes) {
   return seconds;
 }
 
+// Copies `bytes` from cuda:0 to cuda:1 with cudaMemcpyPeer, 64 MiB at a
+// time; returns the seconds, or a negative number if CUDA refused.
+double PeerCopy(int64_t bytes) {
+#if defined(KVKEEP_HAVE_CUDA)
+  const size_t block = size_t{64} << 20;
+  void* from = nullptr;
+  void* to = nullptr;
+  if (cudaSetDevice(0) != cudaSuccess ||
+      cudaMalloc(&from, block) != cudaSuccess ||
+      cudaSetDevice(1) != cudaSuccess ||
+      cudaMalloc(&to, block) != cudaSuccess) {
+    return -1;
+  }
+  cudaDeviceEnablePeerAccess(0, 0);  // may already be on, or unsupported
+  cudaGetLastError();
+  cudaMemcpyPeer(to, 1, from, 0, block);  // warm-up
+  cudaDeviceSynchronize();
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t done = 0; done < bytes; done += block) {
+    cudaMemcpyPeerAsync(to, 1, from, 0, std::min<int64_t>(block, bytes - done),
+                        nullptr);
+  }
+  const bool ok = cudaDeviceSynchronize() == cudaSuccess;
+  const double seconds = Seconds(start);
+  cudaFree(to);
+  cudaSetDevice(0);
+  cudaFree(from);
+  return ok ? seconds : -1;
+#else
+  return -1;
+#endif
+}
+
 int Main(int argc, char** argv) {
   // As kvkeepd does (services/kvkeepd/main.cc): message buffers of a few
   // MiB stay in the heap instead of being fresh mappings the kernel must
   // zero and fault in on every chunk.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  const double gib = argc > 1 ? std::atof(argv[1]) : 1.0;
+  double gib = 1.0;
+  bool cold = false;
+  bool nccl = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--cold") {
+      cold = true;
+    } else if (arg == "--nccl") {
+      nccl = true;
+    } else {
+      gib = std::atof(argv[i]);
+    }
+  }
+  if (nccl && CudaDeviceCount() < 2) {
+    std::fprintf(stderr,
+                 "transfer_bench --nccl needs two CUDA devices; this machine "
+                 "has %d\n",
+                 CudaDeviceCount());
+    return 2;
+  }
   const ModelLayout layout = Layout();
   const int64_t token_bytes = layout.page_layout().token_bytes();  // K only
   const int64_t tokens = static_cast<int64_t>(gib * (1 << 30)) /
                          (2 * token_bytes * layout.num_layers);
   const int64_t pages = (tokens + layout.page_tokens - 1) / layout.page_tokens *
                         layout.num_layers;
-  Server source(pages), target(pages);
+  Server source(pages, nccl ? Device{Device::Kind::kCuda, 0} : Device{});
+  Server target(pages, nccl ? Device{Device::Kind::kCuda, 1} : Device{});
 
   SessionSpec spec{"big", {"full", {}}, {}};
   std::mt19937 rng(1);
@@ -183,7 +250,6 @@ int Main(int argc, char** argv) {
   // close a session on the target first, so the transfer writes into pages
   // the kernel has already mapped (a cold pool's first touch costs the
   // page faults and zeroing of the whole session; --cold measures that).
-  const bool cold = argc > 2 && std::string(argv[2]) == "--cold";
   if (!cold) {
     const SessionId warm = fill(target.store());
     if (!target.store().CloseSession(warm).ok()) return 1;
@@ -201,6 +267,7 @@ int Main(int argc, char** argv) {
   v1::TransferSessionRequest request;
   request.set_session_id(SessionName(id));
   request.set_target(target.address());
+  request.set_transport(nccl ? "nccl" : "host");
   v1::TransferSessionResponse response;
   const double transfer_cpu_start = CpuSeconds();
   const auto start = std::chrono::steady_clock::now();
@@ -212,17 +279,23 @@ int Main(int argc, char** argv) {
     return 1;
   }
   const double raw_cpu_start = CpuSeconds();
-  const double raw_seconds = RawTcp(moved_bytes);
+  const double raw_seconds = nccl ? PeerCopy(moved_bytes) : RawTcp(moved_bytes);
   const double raw_cpu = CpuSeconds() - raw_cpu_start;
+  if (raw_seconds <= 0) {
+    std::fprintf(stderr, "the baseline copy failed\n");
+    return 1;
+  }
   const double transfer_gbps = moved_bytes / transfer_seconds / 1e9;
   const double raw_gbps = moved_bytes / raw_seconds / 1e9;
   std::printf(
-      "TransferSession (host, %s target pool): %.3f s, %.2f GB/s "
+      "TransferSession (%s, %s target pool): %.3f s, %.2f GB/s "
       "(server-side %.3f s), %.2f CPU s\n",
-      cold ? "cold" : "warm", transfer_seconds, transfer_gbps,
-      response.seconds(), transfer_cpu);
-  std::printf("raw TCP copy:           %.3f s, %.2f GB/s, %.2f CPU s\n",
-              raw_seconds, raw_gbps, raw_cpu);
+      response.transport().c_str(), cold ? "cold" : "warm", transfer_seconds,
+      transfer_gbps, response.seconds(), transfer_cpu);
+  std::printf(
+      "%s %.3f s, %.2f GB/s, %.2f CPU s\n",
+      nccl ? "cudaMemcpyPeer cuda:0 -> cuda:1:" : "raw TCP copy:          ",
+      raw_seconds, raw_gbps, raw_cpu);
   std::printf("ratio: %.2f of the raw copy's throughput\n",
               transfer_gbps / raw_gbps);
   return 0;
