@@ -107,26 +107,33 @@ absl::StatusOr<v1::NcclOffer> NcclTransport::Offer(const std::string& target,
   return offer;
 }
 
-absl::StatusOr<std::unique_ptr<NcclChannel>> NcclTransport::Connect(
-    const std::string& target, const v1::NcclOffer& offer, int32_t ordinal,
-    absl::Time deadline) {
+absl::StatusOr<std::unique_ptr<NcclChannel>> NcclTransport::Open(
+    const std::string& target, const v1::NcclOffer& offer, int rank,
+    int32_t ordinal, absl::Time deadline) {
   std::unique_ptr<NcclLink> link;
-  if (offer.unique_id().empty()) {
+  if (offer.unique_id().empty()) {  // reserved by Offer or Accept
     absl::MutexLock lock(&mu_);
     auto it = reserved_.find(offer.link_id());
     if (it == reserved_.end()) {
-      return absl::InternalError("the offered NCCL link is gone");
+      return absl::InternalError(
+          absl::StrCat("NCCL link ", offer.link_id(), " is gone"));
     }
     link = std::move(it->second);
     reserved_.erase(it);
   } else {
     absl::StatusOr<std::unique_ptr<NcclLink>> joined =
-        NcclLink::Connect(offer.unique_id(), /*rank=*/0, ordinal, deadline);
+        NcclLink::Connect(offer.unique_id(), rank, ordinal, deadline);
     if (!joined.ok()) return joined.status();
     link = *std::move(joined);
   }
   return std::unique_ptr<NcclChannel>(
       new Channel(this, offer.link_id(), target, std::move(link), deadline));
+}
+
+absl::StatusOr<std::unique_ptr<NcclChannel>> NcclTransport::Connect(
+    const std::string& target, const v1::NcclOffer& offer, int32_t ordinal,
+    absl::Time deadline) {
+  return Open(target, offer, /*rank=*/0, ordinal, deadline);
 }
 
 void NcclTransport::Withdraw(const v1::NcclOffer& offer) {
@@ -155,23 +162,7 @@ absl::Status NcclTransport::Accept(const v1::NcclOffer& offer,
 
 absl::StatusOr<std::unique_ptr<NcclChannel>> NcclTransport::Join(
     const v1::NcclOffer& offer, int32_t ordinal, absl::Time deadline) {
-  std::unique_ptr<NcclLink> link;
-  if (offer.unique_id().empty()) {
-    absl::MutexLock lock(&mu_);
-    auto it = reserved_.find(offer.link_id());
-    if (it == reserved_.end()) {
-      return absl::InternalError("the accepted NCCL link is gone");
-    }
-    link = std::move(it->second);
-    reserved_.erase(it);
-  } else {
-    absl::StatusOr<std::unique_ptr<NcclLink>> joined =
-        NcclLink::Connect(offer.unique_id(), /*rank=*/1, ordinal, deadline);
-    if (!joined.ok()) return joined.status();
-    link = *std::move(joined);
-  }
-  return std::unique_ptr<NcclChannel>(
-      new Channel(this, offer.link_id(), "", std::move(link), deadline));
+  return Open(/*target=*/"", offer, /*rank=*/1, ordinal, deadline);
 }
 
 void NcclTransport::Keep(const std::string& link_id, const std::string& target,

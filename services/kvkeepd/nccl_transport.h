@@ -78,6 +78,12 @@ class NcclTransport {
 
  private:
   class Channel;
+  // The link of a taken offer: the reserved one it names, or a new
+  // communicator joined as `rank`. `target` is empty on the receiving side.
+  absl::StatusOr<std::unique_ptr<NcclChannel>> Open(const std::string& target,
+                                                    const v1::NcclOffer& offer,
+                                                    int rank, int32_t ordinal,
+                                                    absl::Time deadline);
   void Keep(const std::string& link_id, const std::string& target,
             std::unique_ptr<NcclLink> link);
 
