@@ -1,6 +1,7 @@
 #include "services/kvkeepd/nccl_transport.h"
 
 #include <algorithm>
+#include <thread>
 #include <utility>
 
 #include "absl/random/random.h"
@@ -208,6 +209,23 @@ void NcclTransport::Keep(const std::string&, const std::string&,
 #endif  // KVKEEP_HAVE_NCCL
 
 NcclTransport::NcclTransport() = default;
-NcclTransport::~NcclTransport() = default;
+
+NcclTransport::~NcclTransport() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](int* aside) { return *aside == 0; }, &aside_));
+}
+
+void NcclTransport::RunAside(std::function<void()> fn) {
+  {
+    absl::MutexLock lock(&mu_);
+    ++aside_;
+  }
+  std::thread([this, fn = std::move(fn)] {
+    fn();
+    absl::MutexLock lock(&mu_);
+    --aside_;
+  }).detach();
+}
 
 }  // namespace kvkeep

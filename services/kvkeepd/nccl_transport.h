@@ -12,6 +12,7 @@
 #define KVKEEP_SERVICES_KVKEEPD_NCCL_TRANSPORT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -76,6 +77,11 @@ class NcclTransport {
                                                     int32_t ordinal,
                                                     absl::Time deadline);
 
+  // Runs `fn` on a thread of its own (cleaning up after an abandoned
+  // receive, which may wait for the link); the destructor waits for every
+  // one, so they never outlive the service and its store.
+  void RunAside(std::function<void()> fn);
+
  private:
   class Channel;
   // The link of a taken offer: the reserved one it names, or a new
@@ -96,6 +102,7 @@ class NcclTransport {
   // Links reserved by an offer or an acceptance, until connected.
   absl::flat_hash_map<std::string, std::unique_ptr<NcclLink>> reserved_
       ABSL_GUARDED_BY(mu_);
+  int aside_ ABSL_GUARDED_BY(mu_) = 0;  // RunAside threads still running
 };
 
 }  // namespace kvkeep

@@ -410,15 +410,18 @@ class ReceiveReactor final : public grpc::ServerBidiReactor<Request, Response> {
   }
 
   // Ends an NCCL receive that will not be committed: its thread is joined
-  // off gRPC's thread, and then the reservation goes back.
+  // off gRPC's thread (the transport waits for that before the service
+  // goes), and then the reservation goes back.
   void Abandon() {
     if (receive_ == nullptr || receive_->joined) return;
     receive_->joined = true;
-    std::thread([receive = receive_, pending = std::move(pending_)]() mutable {
+    auto pending = std::make_shared<std::unique_ptr<CacheStore::PendingImport>>(
+        std::move(pending_));
+    nccl_->RunAside([receive = receive_, pending] {
       receive->thread.join();
       if (receive->channel != nullptr) receive->channel->Done(false);
-      pending.reset();
-    }).detach();
+      pending->reset();
+    });
   }
 
   // Writes the chunk into the reserved pages a slot range at a time,
