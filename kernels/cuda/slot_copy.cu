@@ -64,10 +64,14 @@ unsigned Blocks(int64_t n) {
 
 }  // namespace
 
-cudaError_t LaunchWriteSlots(std::byte* arena, const PageLayout& layout,
-                             const PageId* pages, int64_t first, int64_t n,
-                             const std::byte* keys, const std::byte* values,
-                             cudaStream_t stream) {
+namespace {
+
+// The launch both directions share: arguments checked, the widest copy word
+// every address allows, one kernel instance per word.
+template <template <typename> class Launch, typename Arena, typename Dense>
+cudaError_t LaunchSlotCopy(Arena* arena, const PageLayout& layout,
+                           const PageId* pages, int64_t first, int64_t n,
+                           Dense* keys, Dense* values, cudaStream_t stream) {
   if (!ValidArgs(layout, first, n)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (arena == nullptr || pages == nullptr || keys == nullptr ||
@@ -78,30 +82,48 @@ cudaError_t LaunchWriteSlots(std::byte* arena, const PageLayout& layout,
   // every address the kernel touches.
   const int word = CopyWordBytes(layout.token_bytes(), arena, keys, values);
   return DispatchCopyWord(word, [&](auto tag) {
-    using Word = decltype(tag);
-    WriteSlotsKernel<Word><<<Blocks(n), kThreads, 0, stream>>>(
-        arena, layout, pages, first, n, keys, values);
+    Launch<decltype(tag)>::Run(Blocks(n), stream, arena, layout, pages, first,
+                               n, keys, values);
     return cudaGetLastError();
   });
+}
+
+template <typename Word>
+struct WriteLaunch {
+  static void Run(unsigned blocks, cudaStream_t stream, std::byte* arena,
+                  const PageLayout& layout, const PageId* pages, int64_t first,
+                  int64_t n, const std::byte* keys, const std::byte* values) {
+    WriteSlotsKernel<Word><<<blocks, kThreads, 0, stream>>>(
+        arena, layout, pages, first, n, keys, values);
+  }
+};
+
+template <typename Word>
+struct ReadLaunch {
+  static void Run(unsigned blocks, cudaStream_t stream, const std::byte* arena,
+                  const PageLayout& layout, const PageId* pages, int64_t first,
+                  int64_t n, std::byte* keys, std::byte* values) {
+    ReadSlotsKernel<Word><<<blocks, kThreads, 0, stream>>>(
+        arena, layout, pages, first, n, keys, values);
+  }
+};
+
+}  // namespace
+
+cudaError_t LaunchWriteSlots(std::byte* arena, const PageLayout& layout,
+                             const PageId* pages, int64_t first, int64_t n,
+                             const std::byte* keys, const std::byte* values,
+                             cudaStream_t stream) {
+  return LaunchSlotCopy<WriteLaunch>(arena, layout, pages, first, n, keys,
+                                     values, stream);
 }
 
 cudaError_t LaunchReadSlots(const std::byte* arena, const PageLayout& layout,
                             const PageId* pages, int64_t first, int64_t n,
                             std::byte* keys, std::byte* values,
                             cudaStream_t stream) {
-  if (!ValidArgs(layout, first, n)) return cudaErrorInvalidValue;
-  if (n == 0) return cudaSuccess;
-  if (arena == nullptr || pages == nullptr || keys == nullptr ||
-      values == nullptr) {
-    return cudaErrorInvalidValue;
-  }
-  const int word = CopyWordBytes(layout.token_bytes(), arena, keys, values);
-  return DispatchCopyWord(word, [&](auto tag) {
-    using Word = decltype(tag);
-    ReadSlotsKernel<Word><<<Blocks(n), kThreads, 0, stream>>>(
-        arena, layout, pages, first, n, keys, values);
-    return cudaGetLastError();
-  });
+  return LaunchSlotCopy<ReadLaunch>(arena, layout, pages, first, n, keys,
+                                    values, stream);
 }
 
 }  // namespace kvkeep::cuda
