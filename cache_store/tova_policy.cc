@@ -29,8 +29,10 @@ class TovaPolicy final : public EvictionPolicy {
   void SelectVictims(LayerTokens t, int64_t count,
                      std::vector<RankedItem>& scratch,
                      std::vector<int32_t>* victims) const override {
-    SelectLowestUnprotected(
-        t, count, [&](int64_t i) { return t.score[i]; }, scratch, victims);
+    // The CPU twin of the selection kernel (kernels/selection.h).
+    ::kvkeep::SelectLowestUnprotected(t.score.data(), t.arrival.data(),
+                                      t.size(), t.appended, common().sinks,
+                                      common().recent, count, scratch, victims);
   }
 };
 
