@@ -767,11 +767,7 @@ void KvKeepService::RunTransfer(SessionId id,
       return channel.Move(*memory, page_layout, tables[layer]->pages, first, n);
     };
   }
-  for (const LayoutStats& l : store_->Layouts()) {
-    if (l.layout.name == snapshot->layout) {
-      options.token_bytes = l.layout.page_layout().token_bytes();
-    }
-  }
+  options.token_bytes = token_bytes;
   const SendResult sent = SendSession(
       *snapshot,
       [&](int32_t layer, int64_t first, int64_t n, std::span<std::byte> keys,

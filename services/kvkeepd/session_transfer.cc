@@ -983,67 +983,73 @@ SendResult SendSession(const SessionSnapshot& snapshot, const SlotReader& read,
       std::max<int64_t>(1, options.chunk_bytes / (2 * options.token_bytes));
   const int64_t slots_per_pass = std::max<int64_t>(1, kPassBytes / token_bytes);
   int64_t chunk_index = 0;
-  for (size_t l = 0; l < snapshot.layers.size() && channel != nullptr; ++l) {
-    const int64_t run = options.nccl_offer->chunk_slots();
-    const int64_t resident = snapshot.layers[l].resident();
-    for (int64_t first = 0; first < resident; first += run) {
-      const int64_t n = std::min(run, resident - first);
-      if (absl::Status s =
-              options.nccl_move(*channel, static_cast<int32_t>(l), first, n);
-          !s.ok()) {
-        channel->Done(false);
-        static_cast<void>(call->Finish(/*cancel=*/true));
-        result.status = s;
-        return result;
-      }
-      result.bytes += 2 * n * options.token_bytes;
-    }
-  }
-  for (size_t l = 0; l < snapshot.layers.size() && channel == nullptr; ++l) {
-    const LayerSnapshot& layer = snapshot.layers[l];
-    const int32_t layer_index = static_cast<int32_t>(l);
-    for (int64_t first = 0; first < layer.resident();
-         first += slots_per_chunk) {
-      const int64_t n = std::min(slots_per_chunk, layer.resident() - first);
-      ChunkMessage m(layer_index, first, n * options.token_bytes);
-      // A pass at a time, so its checksum reads the bytes from cache.
-      uint32_t keys_crc = 0;
-      uint32_t values_crc = 0;
-      for (int64_t i = 0; i < n; i += slots_per_pass) {
-        const int64_t count = std::min(slots_per_pass, n - i);
-        const std::span<std::byte> keys =
-            m.keys().subspan(i * token_bytes, count * token_bytes);
-        const std::span<std::byte> values =
-            m.values().subspan(i * token_bytes, count * token_bytes);
-        if (absl::Status s = read(layer_index, first + i, count, keys, values);
+  // The pages go either over NCCL, in runs of the offer's size, or as
+  // chunk messages.
+  if (channel != nullptr) {
+    for (size_t l = 0; l < snapshot.layers.size(); ++l) {
+      const int64_t run = options.nccl_offer->chunk_slots();
+      const int64_t resident = snapshot.layers[l].resident();
+      for (int64_t first = 0; first < resident; first += run) {
+        const int64_t n = std::min(run, resident - first);
+        if (absl::Status s =
+                options.nccl_move(*channel, static_cast<int32_t>(l), first, n);
             !s.ok()) {
+          channel->Done(false);
           static_cast<void>(call->Finish(/*cancel=*/true));
           result.status = s;
           return result;
         }
-        keys_crc = Crc32c(keys_crc, keys);
-        values_crc = Crc32c(values_crc, values);
+        result.bytes += 2 * n * options.token_bytes;
       }
-      const uint32_t crc =
-          Crc32cCombine(keys_crc, values_crc, n * options.token_bytes);
-      grpc::ByteBuffer bytes;
-      if (options.fault) {
-        v1::TransferMessage faulty;
-        v1::TransferChunk* chunk = faulty.mutable_chunk();
-        chunk->set_layer(layer_index);
-        chunk->set_first_slot(first);
-        chunk->set_keys(m.keys().data(), m.keys().size());
-        chunk->set_values(m.values().data(), m.values().size());
-        chunk->set_crc32c(crc);
-        options.fault(chunk_index, *chunk);
-        bytes = Serialize(faulty);
-      } else {
-        bytes = std::move(m).Finish(crc);
-      }
-      ++chunk_index;
-      result.bytes += 2 * n * options.token_bytes;
-      if (!call->Write(std::move(bytes))) {
-        return end("the target stopped taking chunks");
+    }
+  } else {
+    for (size_t l = 0; l < snapshot.layers.size(); ++l) {
+      const LayerSnapshot& layer = snapshot.layers[l];
+      const int32_t layer_index = static_cast<int32_t>(l);
+      for (int64_t first = 0; first < layer.resident();
+           first += slots_per_chunk) {
+        const int64_t n = std::min(slots_per_chunk, layer.resident() - first);
+        ChunkMessage m(layer_index, first, n * options.token_bytes);
+        // A pass at a time, so its checksum reads the bytes from cache.
+        uint32_t keys_crc = 0;
+        uint32_t values_crc = 0;
+        for (int64_t i = 0; i < n; i += slots_per_pass) {
+          const int64_t count = std::min(slots_per_pass, n - i);
+          const std::span<std::byte> keys =
+              m.keys().subspan(i * token_bytes, count * token_bytes);
+          const std::span<std::byte> values =
+              m.values().subspan(i * token_bytes, count * token_bytes);
+          if (absl::Status s =
+                  read(layer_index, first + i, count, keys, values);
+              !s.ok()) {
+            static_cast<void>(call->Finish(/*cancel=*/true));
+            result.status = s;
+            return result;
+          }
+          keys_crc = Crc32c(keys_crc, keys);
+          values_crc = Crc32c(values_crc, values);
+        }
+        const uint32_t crc =
+            Crc32cCombine(keys_crc, values_crc, n * options.token_bytes);
+        grpc::ByteBuffer bytes;
+        if (options.fault) {
+          v1::TransferMessage faulty;
+          v1::TransferChunk* chunk = faulty.mutable_chunk();
+          chunk->set_layer(layer_index);
+          chunk->set_first_slot(first);
+          chunk->set_keys(m.keys().data(), m.keys().size());
+          chunk->set_values(m.values().data(), m.values().size());
+          chunk->set_crc32c(crc);
+          options.fault(chunk_index, *chunk);
+          bytes = Serialize(faulty);
+        } else {
+          bytes = std::move(m).Finish(crc);
+        }
+        ++chunk_index;
+        result.bytes += 2 * n * options.token_bytes;
+        if (!call->Write(std::move(bytes))) {
+          return end("the target stopped taking chunks");
+        }
       }
     }
   }
