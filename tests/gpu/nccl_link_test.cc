@@ -33,12 +33,10 @@ TEST(NcclLinkTest, APeerThatNeverJoinsCostsTheDeadline) {
   KVKEEP_REQUIRE_NCCL(1);
   absl::StatusOr<std::string> id = NcclLink::NewUniqueId();
   ASSERT_TRUE(id.ok()) << id.status();
-  const absl::Time start = absl::Now();
   absl::StatusOr<std::unique_ptr<NcclLink>> link =
       NcclLink::Connect(*id, 0, 0, absl::Now() + absl::Seconds(2));
   EXPECT_EQ(link.status().code(), absl::StatusCode::kDeadlineExceeded)
       << link.status();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(60));  // a hang guard only
 }
 
 TEST(NcclLinkTest, RefusesBadIdsAndRanks) {
