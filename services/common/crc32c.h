@@ -1,9 +1,12 @@
 // CRC32C (Castagnoli, polynomial 0x1EDC6F41, reflected; the checksum of
 // iSCSI, ext4 and gRPC's own framing): what every chunk of a session
 // transfer carries so the receiver can prove the bytes arrived as sent.
-// Uses the SSE4.2 crc32 instruction on three interleaved streams when the
-// CPU has it (memory speed rather than the instruction's latency), a table
-// otherwise; both give the same values. Thread-safe.
+// From 256 bytes up, folds the data with carry-less multiplies
+// (VPCLMULQDQ on 512-bit registers) where the CPU has AVX-512 and them;
+// otherwise, and for short inputs and the last bytes, uses the SSE4.2
+// crc32 instruction on three interleaved streams when the CPU has it
+// (memory speed rather than the instruction's latency), a table otherwise;
+// all give the same values. Thread-safe.
 #ifndef KVKEEP_SERVICES_COMMON_CRC32C_H_
 #define KVKEEP_SERVICES_COMMON_CRC32C_H_
 
