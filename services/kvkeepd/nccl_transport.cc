@@ -1,7 +1,6 @@
 #include "services/kvkeepd/nccl_transport.h"
 
 #include <algorithm>
-#include <thread>
 #include <utility>
 
 #include "absl/random/random.h"
@@ -210,22 +209,10 @@ void NcclTransport::Keep(const std::string&, const std::string&,
 
 NcclTransport::NcclTransport() = default;
 
-NcclTransport::~NcclTransport() {
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](int* aside) { return *aside == 0; }, &aside_));
-}
+NcclTransport::~NcclTransport() = default;
 
 void NcclTransport::RunAside(std::function<void()> fn) {
-  {
-    absl::MutexLock lock(&mu_);
-    ++aside_;
-  }
-  std::thread([this, fn = std::move(fn)] {
-    fn();
-    absl::MutexLock lock(&mu_);
-    --aside_;
-  }).detach();
+  aside_.Run(std::move(fn));
 }
 
 }  // namespace kvkeep

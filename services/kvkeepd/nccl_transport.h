@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "cache_store/page_memory.h"
 #include "kvkeep/v1/kvkeep.pb.h"
+#include "services/kvkeepd/aside_threads.h"
 
 namespace kvkeep {
 
@@ -102,7 +103,8 @@ class NcclTransport {
   // Links reserved by an offer or an acceptance, until connected.
   absl::flat_hash_map<std::string, std::unique_ptr<NcclLink>> reserved_
       ABSL_GUARDED_BY(mu_);
-  int aside_ ABSL_GUARDED_BY(mu_) = 0;  // RunAside threads still running
+  // Last: its threads may still give links back as it waits for them.
+  AsideThreads aside_;
 };
 
 }  // namespace kvkeep
