@@ -1,0 +1,639 @@
+#include "services/kvkeepd/tcp_transport.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "services/common/crc32c.h"
+
+namespace kvkeep {
+namespace {
+
+constexpr char kHello[8] = {'K', 'V', 'K', 'D', 'A', 'T', 'A', '1'};
+constexpr char kWelcome[4] = {'K', 'V', 'K', 'A'};
+constexpr uint32_t kChunkMagic = 0x4B564B43;    // "CKVK" on the wire
+constexpr uint32_t kVerdictMagic = 0x4B564B56;  // "VKVK"
+constexpr size_t kChunkHeaderBytes = 24;
+constexpr size_t kVerdictHeaderBytes = 12;
+constexpr size_t kMaxVerdictMessage = 4096;
+// Bytes checksummed and then sent (or received and then checksummed) at a
+// time: small enough to stay in cache between the two.
+constexpr size_t kPassBytes = size_t{512} << 10;
+// How long a blocked send or receive waits before looking at the deadline.
+constexpr absl::Duration kWake = absl::Milliseconds(200);
+// How long a new connection has to present its hello.
+constexpr absl::Duration kHelloPatience = absl::Seconds(2);
+
+void Put32(std::byte* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<std::byte>(v >> (8 * i));
+}
+void Put64(std::byte* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<std::byte>(v >> (8 * i));
+}
+uint32_t Get32(const std::byte* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(p[i]) << (8 * i);
+  return v;
+}
+uint64_t Get64(const std::byte* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return v;
+}
+
+iovec Iov(std::span<const std::byte> s) {
+  return iovec{const_cast<std::byte*>(s.data()), s.size()};
+}
+
+absl::Status Errno(absl::string_view what, int err) {
+  return absl::UnavailableError(
+      absl::StrCat("data socket: ", what, ": ", std::strerror(err)));
+}
+
+// Advances `pieces` past `n` bytes; the index of the first piece left.
+size_t Advance(std::span<iovec> pieces, size_t at, size_t n) {
+  while (n > 0) {
+    iovec& v = pieces[at];
+    if (n >= v.iov_len) {
+      n -= v.iov_len;
+      v.iov_len = 0;
+      ++at;
+    } else {
+      v.iov_base = static_cast<std::byte*>(v.iov_base) + n;
+      v.iov_len -= n;
+      n = 0;
+    }
+  }
+  while (at < pieces.size() && pieces[at].iov_len == 0) ++at;
+  return at;
+}
+
+void SetTimeouts(int fd) {
+  const timeval wake{
+      0, static_cast<suseconds_t>(absl::ToInt64Microseconds(kWake))};
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &wake, sizeof(wake));
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wake, sizeof(wake));
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+// "host:port" split; the host may be bracketed ("[::1]:5").
+absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(
+    absl::string_view address) {
+  const size_t colon = address.rfind(':');
+  if (colon == absl::string_view::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", address, "' is not host:port"));
+  }
+  absl::string_view host = address.substr(0, colon);
+  if (absl::StartsWith(host, "[") && absl::EndsWith(host, "]")) {
+    host = host.substr(1, host.size() - 2);
+  }
+  return std::make_pair(std::string(host),
+                        std::string(address.substr(colon + 1)));
+}
+
+// The pieces of `spans` (keys, then values) cut into passes of about
+// kPassBytes: calls `pass` with each.
+template <typename Fn>
+absl::Status ForEachPass(const SlotSpans& spans, Fn&& pass) {
+  std::vector<std::span<const std::byte>> pieces;
+  size_t bytes = 0;
+  for (const auto* side : {&spans.keys, &spans.values}) {
+    for (std::span<const std::byte> piece : *side) {
+      while (!piece.empty()) {
+        const size_t n = std::min(piece.size(), kPassBytes - bytes);
+        pieces.push_back(piece.first(n));
+        piece = piece.subspan(n);
+        bytes += n;
+        if (bytes == kPassBytes) {
+          if (absl::Status s = pass(pieces, false); !s.ok()) return s;
+          pieces.clear();
+          bytes = 0;
+        }
+      }
+    }
+  }
+  return pass(pieces, true);
+}
+
+size_t TotalBytes(const SlotSpans& spans) {
+  size_t n = 0;
+  for (const auto& p : spans.keys) n += p.size();
+  for (const auto& p : spans.values) n += p.size();
+  return n;
+}
+
+}  // namespace
+
+void HostSlotSpans(std::byte* arena, const PageLayout& layout,
+                   std::span<const PageId> pages, int64_t first, int64_t n,
+                   SlotSpans* out) {
+  const int64_t token_bytes = layout.token_bytes();
+  auto add = [](std::vector<std::span<std::byte>>& side, std::byte* at,
+                size_t bytes) {
+    if (!side.empty() && side.back().data() + side.back().size() == at) {
+      side.back() = {side.back().data(), side.back().size() + bytes};
+    } else {
+      side.emplace_back(at, bytes);
+    }
+  };
+  for (int64_t slot = first; slot < first + n;) {
+    const PageId page = pages[slot / layout.page_tokens];
+    const int32_t in_page = static_cast<int32_t>(slot % layout.page_tokens);
+    const int64_t run =
+        std::min<int64_t>(layout.page_tokens - in_page, first + n - slot);
+    add(out->keys, arena + layout.key_offset(page, in_page), run * token_bytes);
+    add(out->values, arena + layout.value_offset(page, in_page),
+        run * token_bytes);
+    slot += run;
+  }
+}
+
+std::optional<std::string> TargetHost(absl::string_view target) {
+  for (absl::string_view scheme : {"unix:", "unix-abstract:", "vsock:"}) {
+    if (absl::StartsWith(target, scheme)) return std::nullopt;
+  }
+  if (absl::ConsumePrefix(&target, "dns:")) {
+    // dns:[//authority/]host[:port]: the authority is the DNS server.
+    if (absl::ConsumePrefix(&target, "//")) {
+      const size_t slash = target.find('/');
+      if (slash == absl::string_view::npos) return std::nullopt;
+      target.remove_prefix(slash + 1);
+    }
+  } else if (absl::ConsumePrefix(&target, "ipv4:") ||
+             absl::ConsumePrefix(&target, "ipv6:")) {
+    target = target.substr(0, target.find(','));  // the first address
+  }
+  if (target.empty()) return std::nullopt;
+  if (absl::StartsWith(target, "[")) {  // [v6] or [v6]:port
+    const size_t close = target.find(']');
+    if (close == absl::string_view::npos) return std::nullopt;
+    return std::string(target.substr(1, close - 1));
+  }
+  // More than one colon and no brackets: a bare IPv6 address, no port.
+  if (std::count(target.begin(), target.end(), ':') > 1) {
+    return std::string(target);
+  }
+  return std::string(target.substr(0, target.find(':')));
+}
+
+DataSocket& DataSocket::operator=(DataSocket&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+  }
+  return *this;
+}
+
+DataSocket::~DataSocket() {
+  if (fd_ >= 0) close(fd_);
+}
+
+absl::StatusOr<DataSocket> DataSocket::Connect(const std::string& host,
+                                               int port, absl::Time deadline) {
+  const std::string where = absl::StrCat(host, ":", port);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const std::string service = absl::StrCat(port);
+  if (int e = getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
+      e != 0) {
+    return absl::UnavailableError(absl::StrCat("data socket: cannot resolve ",
+                                               host, ": ", gai_strerror(e)));
+  }
+  absl::Status last = absl::UnavailableError(
+      absl::StrCat("data socket: no address for ", where));
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd =
+        socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+               a->ai_protocol);
+    if (fd < 0) {
+      last = Errno("socket", errno);
+      continue;
+    }
+    DataSocket s(fd);
+    if (connect(fd, a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
+      last = Errno(absl::StrCat("connect to ", where), errno);
+      continue;
+    }
+    pollfd p{fd, POLLOUT, 0};
+    const int64_t wait_ms =
+        std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now()));
+    const int ready =
+        poll(&p, 1, static_cast<int>(std::min<int64_t>(wait_ms, INT_MAX)));
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (ready <= 0) {
+      last = absl::DeadlineExceededError(
+          absl::StrCat("data socket: connect to ", where, " timed out"));
+      continue;
+    }
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err != 0) {
+      last = Errno(absl::StrCat("connect to ", where), err);
+      continue;
+    }
+    const int flags = fcntl(fd, F_GETFL);
+    fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+    freeaddrinfo(found);
+    return s;
+  }
+  freeaddrinfo(found);
+  return last;
+}
+
+DataSocket::DataSocket(int fd) : fd_(fd) { SetTimeouts(fd); }
+
+absl::Status DataSocket::Send(std::span<iovec> pieces, absl::Time deadline) {
+  size_t at = Advance(pieces, 0, 0);
+  while (at < pieces.size()) {
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          "data socket: the deadline passed while sending");
+    }
+    msghdr m{};
+    m.msg_iov = &pieces[at];
+    m.msg_iovlen = std::min<size_t>(IOV_MAX, pieces.size() - at);
+    const ssize_t n = sendmsg(fd_, &m, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        if (absl::Now() >= deadline) {
+          return absl::DeadlineExceededError(
+              "data socket: the deadline passed while sending");
+        }
+        continue;
+      }
+      return Errno("send", errno);
+    }
+    at = Advance(pieces, at, static_cast<size_t>(n));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DataSocket::Receive(std::span<iovec> pieces, absl::Time deadline) {
+  size_t at = Advance(pieces, 0, 0);
+  while (at < pieces.size()) {
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          "data socket: the deadline passed while receiving");
+    }
+    const ssize_t n =
+        readv(fd_, &pieces[at],
+              static_cast<int>(std::min<size_t>(IOV_MAX, pieces.size() - at)));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        if (absl::Now() >= deadline) {
+          return absl::DeadlineExceededError(
+              "data socket: the deadline passed while receiving");
+        }
+        continue;
+      }
+      return Errno("receive", errno);
+    }
+    if (n == 0) {
+      return absl::UnavailableError(
+          "data socket: the peer closed the connection");
+    }
+    at = Advance(pieces, at, static_cast<size_t>(n));
+  }
+  return absl::OkStatus();
+}
+
+bool DataSocket::Readable() const {
+  pollfd p{fd_, POLLIN, 0};
+  return poll(&p, 1, 0) > 0;
+}
+
+void DataSocket::Shutdown() {
+  if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);
+}
+
+absl::Status SlotStream::SendHello(absl::string_view ticket) {
+  if (ticket.size() != kTicketBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("data socket: a ticket is ",
+                                                   kTicketBytes, " bytes, not ",
+                                                   ticket.size()));
+  }
+  std::byte hello[sizeof(kHello) + kTicketBytes];
+  std::memcpy(hello, kHello, sizeof(kHello));
+  std::memcpy(hello + sizeof(kHello), ticket.data(), kTicketBytes);
+  iovec v = Iov(hello);
+  return socket_->Send({&v, 1}, deadline_);
+}
+
+absl::Status SlotStream::AwaitWelcome(absl::Time deadline) {
+  char welcome[sizeof(kWelcome)];
+  iovec v{welcome, sizeof(welcome)};
+  if (absl::Status s = socket_->Receive({&v, 1}, deadline); !s.ok()) {
+    return absl::Status(s.code(),
+                        absl::StrCat("the data socket did not take the "
+                                     "transfer's ticket (",
+                                     s.message(), ")"));
+  }
+  if (std::memcmp(welcome, kWelcome, sizeof(kWelcome)) != 0) {
+    return absl::UnavailableError("data socket: not a kvkeep welcome");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> SlotStream::ReceiveHello(DataSocket& socket,
+                                                     absl::Time deadline) {
+  std::byte hello[sizeof(kHello) + kTicketBytes];
+  iovec v = Iov(hello);
+  if (absl::Status s = socket.Receive({&v, 1}, deadline); !s.ok()) return s;
+  if (std::memcmp(hello, kHello, sizeof(kHello)) != 0) {
+    return absl::InvalidArgumentError("data socket: not a kvkeep hello");
+  }
+  return std::string(reinterpret_cast<const char*>(hello) + sizeof(kHello),
+                     kTicketBytes);
+}
+
+absl::Status SlotStream::SendChunk(int32_t layer, int64_t first, int64_t slots,
+                                   const SlotSpans& spans,
+                                   std::optional<uint32_t> claimed_crc) {
+  std::byte header[kChunkHeaderBytes];
+  Put32(header, kChunkMagic);
+  Put32(header + 4, static_cast<uint32_t>(layer));
+  Put64(header + 8, static_cast<uint64_t>(first));
+  Put64(header + 16, static_cast<uint64_t>(slots));
+  // Each pass is sent and then checksummed: the socket's copy reads it from
+  // memory, and the checksum then finds it in cache (the frozen pages do
+  // not change in between). The checksum goes last, in a trailer.
+  uint32_t crc = 0;
+  std::vector<iovec> iovs = {Iov(header)};
+  absl::Status sent =
+      ForEachPass(spans,
+                  [&](std::span<const std::span<const std::byte>> pieces,
+                      bool) -> absl::Status {
+                    for (std::span<const std::byte> p : pieces)
+                      iovs.push_back(Iov(p));
+                    absl::Status s = socket_->Send(iovs, deadline_);
+                    iovs.clear();
+                    if (!s.ok()) return s;
+                    for (std::span<const std::byte> p : pieces)
+                      crc = Crc32c(crc, p);
+                    return absl::OkStatus();
+                  });
+  if (!sent.ok()) return sent;
+  std::byte trailer[4];
+  Put32(trailer, claimed_crc.value_or(crc));
+  iovec v = Iov(trailer);
+  return socket_->Send({&v, 1}, deadline_);
+}
+
+std::optional<absl::Status> SlotStream::EarlyVerdict() {
+  if (!socket_->Readable()) return std::nullopt;
+  return AwaitVerdict();
+}
+
+absl::Status SlotStream::AwaitVerdict() {
+  std::byte header[kVerdictHeaderBytes];
+  iovec v = Iov(header);
+  if (absl::Status s = socket_->Receive({&v, 1}, deadline_); !s.ok()) {
+    return absl::Status(
+        s.code(), absl::StrCat("no verdict from the target: ", s.message()));
+  }
+  const uint32_t length = Get32(header + 8);
+  if (Get32(header) != kVerdictMagic || length > kMaxVerdictMessage) {
+    return absl::InternalError("data socket: a malformed verdict");
+  }
+  std::string message(length, '\0');
+  iovec m{message.data(), message.size()};
+  if (absl::Status s = socket_->Receive({&m, 1}, deadline_); !s.ok()) return s;
+  const auto code = static_cast<absl::StatusCode>(Get32(header + 4));
+  return code == absl::StatusCode::kOk ? absl::OkStatus()
+                                       : absl::Status(code, message);
+}
+
+absl::StatusOr<SlotStream::ChunkHeader> SlotStream::ReceiveChunkHeader() {
+  std::byte header[kChunkHeaderBytes];
+  iovec v = Iov(header);
+  if (absl::Status s = socket_->Receive({&v, 1}, deadline_); !s.ok()) return s;
+  if (Get32(header) != kChunkMagic) {
+    return absl::InvalidArgumentError("data socket: not a chunk header");
+  }
+  ChunkHeader h;
+  h.layer = static_cast<int32_t>(Get32(header + 4));
+  h.first = static_cast<int64_t>(Get64(header + 8));
+  h.slots = static_cast<int64_t>(Get64(header + 16));
+  return h;
+}
+
+absl::Status SlotStream::ReceiveChunk(const ChunkHeader& header,
+                                      const SlotSpans& spans) {
+  std::byte trailer[4];
+  uint32_t crc = 0;
+  std::vector<iovec> iovs;
+  absl::Status s =
+      ForEachPass(spans,
+                  [&](std::span<const std::span<const std::byte>> pieces,
+                      bool last) -> absl::Status {
+                    for (std::span<const std::byte> p : pieces)
+                      iovs.push_back(Iov(p));
+                    if (last) iovs.push_back(Iov(trailer));
+                    absl::Status r = socket_->Receive(iovs, deadline_);
+                    iovs.clear();
+                    if (!r.ok()) return r;
+                    for (std::span<const std::byte> p : pieces)
+                      crc = Crc32c(crc, p);
+                    return absl::OkStatus();
+                  });
+  if (!s.ok()) return s;
+  if (crc != Get32(trailer)) {
+    return absl::DataLossError(
+        absl::StrCat("layer ", header.layer, " slot ", header.first,
+                     ": the chunk's CRC32C does not match its bytes (",
+                     TotalBytes(spans), " bytes over the data socket)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SlotStream::SendVerdict(const absl::Status& status) {
+  const std::string message(status.message().substr(
+      0, std::min(status.message().size(), kMaxVerdictMessage)));
+  std::byte header[kVerdictHeaderBytes];
+  Put32(header, kVerdictMagic);
+  Put32(header + 4, static_cast<uint32_t>(status.code()));
+  Put32(header + 8, static_cast<uint32_t>(message.size()));
+  iovec v[2] = {Iov(header), Iov(std::as_bytes(std::span(message)))};
+  return socket_->Send(v, deadline_);
+}
+
+void SlotStream::Drain() {
+  std::vector<std::byte> sink(size_t{1} << 20);
+  while (true) {
+    iovec v = Iov(sink);
+    absl::Status s = socket_->Receive({&v, 1}, deadline_);
+    if (!s.ok()) return;  // closed, reset, shut down or out of time
+  }
+}
+
+absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Listen(
+    const std::string& address) {
+  absl::StatusOr<std::pair<std::string, std::string>> split =
+      SplitHostPort(address);
+  if (!split.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transfer_listen: ", split.status().message()));
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  const char* host = split->first.empty() ? nullptr : split->first.c_str();
+  if (int e = getaddrinfo(host, split->second.c_str(), &hints, &found);
+      e != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transfer_listen: cannot resolve '", address, "': ", gai_strerror(e)));
+  }
+  absl::Status last = absl::UnavailableError(
+      absl::StrCat("transfer_listen: no address for '", address, "'"));
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd =
+        socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 64) != 0) {
+      last = absl::UnavailableError(
+          absl::StrCat("transfer_listen: cannot listen on '", address,
+                       "': ", std::strerror(errno)));
+      close(fd);
+      continue;
+    }
+    sockaddr_storage bound{};
+    socklen_t len = sizeof(bound);
+    getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+    const int port =
+        bound.ss_family == AF_INET6
+            ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+            : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+    freeaddrinfo(found);
+    return std::unique_ptr<TcpTransport>(new TcpTransport(fd, port));
+  }
+  freeaddrinfo(found);
+  return last;
+}
+
+TcpTransport::TcpTransport(int listener, int port)
+    : listener_(listener), port_(port) {
+  acceptor_ = std::thread([this] { AcceptLoop(); });
+}
+
+TcpTransport::~TcpTransport() {
+  {
+    absl::MutexLock lock(&mu_);
+    closing_ = true;
+    // Awaits return CANCELLED; none may still be inside when this goes.
+    mu_.Await(absl::Condition(
+        +[](int* awaiting) { return *awaiting == 0; }, &awaiting_));
+  }
+  shutdown(listener_, SHUT_RDWR);  // accept() returns
+  acceptor_.join();
+  close(listener_);
+}
+
+void TcpTransport::AcceptLoop() {
+  while (true) {
+    const int fd = accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      absl::MutexLock lock(&mu_);
+      if (closing_) return;
+      // EMFILE and the like: the sender's connect times out, or succeeds
+      // once descriptors are free again.
+      absl::SleepFor(absl::Milliseconds(10));
+      continue;
+    }
+    DataSocket socket(fd);
+    const absl::Time deadline = absl::Now() + kHelloPatience;
+    absl::StatusOr<std::string> ticket =
+        SlotStream::ReceiveHello(socket, deadline);
+    if (!ticket.ok()) continue;
+    auto waiting = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      auto it = expected_.find(*ticket);
+      return it != expected_.end() && !it->second.socket.has_value();
+    };
+    {
+      absl::MutexLock lock(&mu_);
+      if (!waiting()) continue;
+    }
+    // Welcomed before it is handed over: from then on its transfer's
+    // thread owns it.
+    iovec v{const_cast<char*>(kWelcome), sizeof(kWelcome)};
+    if (!socket.Send({&v, 1}, deadline).ok()) continue;
+    absl::MutexLock lock(&mu_);
+    if (waiting()) expected_[*ticket].socket = std::move(socket);
+  }
+}
+
+std::string TcpTransport::Expect() {
+  std::string ticket(SlotStream::kTicketBytes, '\0');
+  for (size_t got = 0; got < ticket.size();) {
+    const ssize_t n = getrandom(ticket.data() + got, ticket.size() - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  absl::MutexLock lock(&mu_);
+  expected_[ticket];
+  return ticket;
+}
+
+absl::StatusOr<DataSocket> TcpTransport::Await(const std::string& ticket,
+                                               absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  ++awaiting_;
+  absl::StatusOr<DataSocket> result = AwaitLocked(ticket, deadline);
+  --awaiting_;
+  return result;
+}
+
+absl::StatusOr<DataSocket> TcpTransport::AwaitLocked(const std::string& ticket,
+                                                     absl::Time deadline) {
+  auto arrived = [this, &ticket]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = expected_.find(ticket);
+    return closing_ || it == expected_.end() || it->second.socket.has_value();
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&arrived), deadline);
+  auto it = expected_.find(ticket);
+  if (it == expected_.end()) {
+    return absl::CancelledError("the data socket was not used");
+  }
+  // Forgotten whatever happens: a late connection presenting it is closed.
+  std::optional<DataSocket> socket = std::move(it->second.socket);
+  expected_.erase(it);
+  if (socket.has_value()) return *std::move(socket);
+  if (closing_) return absl::CancelledError("the store is shutting down");
+  return absl::DeadlineExceededError(
+      "the sender did not open the data socket in time");
+}
+
+bool TcpTransport::Withdraw(const std::string& ticket) {
+  absl::MutexLock lock(&mu_);
+  auto it = expected_.find(ticket);
+  if (it == expected_.end()) return false;
+  const bool unused = !it->second.socket.has_value();
+  expected_.erase(it);
+  return unused;
+}
+
+}  // namespace kvkeep
