@@ -49,7 +49,8 @@ KvKeepService::KvKeepService(CacheStore* store, ServiceOptions options)
             [this](const grpc::CallbackServerContext& c) {
               return Authenticate(c);
             },
-            !options_.tenants_by_token.empty(), options_.on_transfer, &nccl_);
+            !options_.tenants_by_token.empty(), options_.on_transfer, &nccl_,
+            options_.tcp);
       }));
 }
 
@@ -678,9 +679,16 @@ void KvKeepService::RunTransfer(SessionId id,
   // decides (docs/transfer.md).
   const std::string& transport = request.transport();
   if (transport != "" && transport != "auto" && transport != "host" &&
-      transport != "nccl") {
+      transport != "tcp" && transport != "nccl") {
     fail(absl::InvalidArgumentError(absl::StrCat(
-        "transport '", transport, "' is not one of auto, host, nccl")));
+        "transport '", transport, "' is not one of auto, host, tcp, nccl")));
+    return;
+  }
+  const bool tcp_usable = TargetHost(request.target()).has_value();
+  if (transport == "tcp" && !tcp_usable) {
+    fail(absl::FailedPreconditionError(
+        absl::StrCat("transport 'tcp': the target ", request.target(),
+                     " names no TCP host for a data socket")));
     return;
   }
   std::optional<v1::NcclOffer> offer;
@@ -704,7 +712,7 @@ void KvKeepService::RunTransfer(SessionId id,
     }
     memory = *found;
   }
-  if (transport != "host") {
+  if (transport != "host" && transport != "tcp") {
     absl::StatusOr<v1::NcclOffer> made = nccl_.Offer(
         request.target(), *memory, token_bytes, transport == "nccl");
     if (made.ok()) {
@@ -749,23 +757,43 @@ void KvKeepService::RunTransfer(SessionId id,
   options.chunk_bytes =
       std::min<int64_t>(4 << 20, options_.max_message_bytes / 2);
   options.fault = options_.transfer_fault;
+  // The session is frozen: its block tables hold still while it moves.
   std::vector<std::optional<BlockTable>> tables(snapshot->layers.size());
+  auto TableOf = [&](int32_t layer) -> absl::StatusOr<std::span<const PageId>> {
+    if (!tables[layer].has_value()) {
+      absl::StatusOr<BlockTable> table = store_->GetBlockTable(id, layer);
+      if (!table.ok()) return table.status();
+      tables[layer] = *std::move(table);
+    }
+    return std::span<const PageId>(tables[layer]->pages);
+  };
   if (offer.has_value()) {
     options.nccl_offer = offer;
     options.nccl_connect = [&] {
       return nccl_.Connect(request.target(), *offer, memory->device().ordinal,
                            deadline);
     };
-    // The session is frozen: its block tables hold still while it moves.
     options.nccl_move = [&](NcclChannel& channel, int32_t layer, int64_t first,
                             int64_t n) -> absl::Status {
-      if (!tables[layer].has_value()) {
-        absl::StatusOr<BlockTable> table = store_->GetBlockTable(id, layer);
-        if (!table.ok()) return table.status();
-        tables[layer] = *std::move(table);
-      }
-      return channel.Move(*memory, page_layout, tables[layer]->pages, first, n);
+      absl::StatusOr<std::span<const PageId>> pages = TableOf(layer);
+      if (!pages.ok()) return pages.status();
+      return channel.Move(*memory, page_layout, *pages, first, n);
     };
+  }
+  if ((transport == "" || transport == "auto" || transport == "tcp") &&
+      tcp_usable) {
+    options.tcp_offer = true;
+    options.tcp_required = transport == "tcp";
+    // A host pool's frozen pages are sent as they lie, without a copy.
+    if (std::byte* arena = memory->host_data(); arena != nullptr) {
+      options.spans = [&, arena](int32_t layer, int64_t first, int64_t n,
+                                 SlotSpans* out) -> absl::Status {
+        absl::StatusOr<std::span<const PageId>> pages = TableOf(layer);
+        if (!pages.ok()) return pages.status();
+        HostSlotSpans(arena, page_layout, *pages, first, n, out);
+        return absl::OkStatus();
+      };
+    }
   }
   options.token_bytes = token_bytes;
   const SendResult sent = SendSession(
@@ -820,7 +848,8 @@ KvKeepService::ReceiveSession(grpc::CallbackServerContext* ctx) {
   return NewReceiveReactor(
       store_, &transfer_log_, ctx,
       [this](const grpc::CallbackServerContext& c) { return Authenticate(c); },
-      !options_.tenants_by_token.empty(), options_.on_transfer, &nccl_);
+      !options_.tenants_by_token.empty(), options_.on_transfer, &nccl_,
+      options_.tcp);
 }
 
 }  // namespace kvkeep

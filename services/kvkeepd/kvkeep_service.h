@@ -36,6 +36,9 @@ struct ServiceOptions {
   std::function<void(int64_t chunk, v1::TransferChunk&)> transfer_fault;
   // Told about every transfer sent or received (metrics); may be empty.
   TransferObserver on_transfer;
+  // The data socket incoming transfers may use (the tcp transport); null:
+  // they come in chunk messages. Must outlive the service.
+  TcpTransport* tcp = nullptr;
 };
 
 class KvKeepService final : public v1::KvKeep::CallbackService {

@@ -33,6 +33,7 @@
 #include "grpcpp/server_builder.h"
 #include "services/kvkeepd/kvkeep_service.h"
 #include "services/kvkeepd/server_config.h"
+#include "services/kvkeepd/tcp_transport.h"
 #include "services/metrics/metrics_server.h"
 #include "services/metrics/rpc_metrics.h"
 #include "services/metrics/store_metrics.h"
@@ -82,6 +83,9 @@ ABSL_FLAG(std::string, device, "",
 ABSL_FLAG(bool, share_pools, false,
           "let workers on this machine map the pools (MapPool); host pools "
           "then live in POSIX shared memory");
+ABSL_FLAG(std::string, transfer_listen, "",
+          "data socket for incoming session transfers' pages, host:port "
+          "(default: --listen's host, any free port); off: none");
 ABSL_FLAG(bool, exit_after_start, false,
           "exit 0 once serving has started (a smoke test of the start-up)");
 
@@ -137,6 +141,7 @@ absl::StatusOr<ServerConfig> LoadConfig() {
   if (absl::GetFlag(FLAGS_log_events)) config.log_events = true;
   set_string(FLAGS_device, config.device);
   if (absl::GetFlag(FLAGS_share_pools)) config.share_pools = true;
+  set_string(FLAGS_transfer_listen, config.transfer_listen);
   if (!config.tenants_file.empty()) {
     absl::StatusOr<std::string> text = ReadFile(config.tenants_file);
     if (!text.ok()) return text.status();
@@ -357,7 +362,19 @@ int Main(int argc, char** argv) {
       if (chunk == corrupt && !c.keys().empty()) c.mutable_keys()->at(0) ^= 1;
     };
   }
-  KvKeepService service(store->get(), service_options);
+  std::unique_ptr<TcpTransport> tcp;
+  if (const std::string data = TransferListenAddress(*config); !data.empty()) {
+    absl::StatusOr<std::unique_ptr<TcpTransport>> listening =
+        TcpTransport::Listen(data);
+    if (!listening.ok()) {
+      std::fprintf(stderr, "kvkeepd: %s\n",
+                   listening.status().ToString().c_str());
+      return 1;
+    }
+    tcp = *std::move(listening);
+    service_options.tcp = tcp.get();
+  }
+  auto service = std::make_unique<KvKeepService>(store->get(), service_options);
 
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       Credentials(config->tls);
@@ -377,7 +394,7 @@ int Main(int argc, char** argv) {
   // session's pages arrive in 4 MiB chunks); small calls are unaffected.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 16 << 20);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
-  builder.RegisterService(&service);
+  builder.RegisterService(service.get());
   std::vector<
       std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
       interceptors;
@@ -408,6 +425,11 @@ int Main(int argc, char** argv) {
               BoundAddress(config->listen, port).c_str());
   std::printf("kvkeepd: metrics on http://%s/metrics\n",
               (*metrics_server)->address().c_str());
+  if (tcp != nullptr) {
+    std::printf(
+        "kvkeepd: transfer data socket on %s\n",
+        BoundAddress(TransferListenAddress(*config), tcp->port()).c_str());
+  }
   std::printf("kvkeepd: ready; SIGTERM or Ctrl-C drains and stops\n");
   std::fflush(stdout);
 
@@ -425,6 +447,10 @@ int Main(int argc, char** argv) {
       absl::ToChronoTime(absl::Now() + absl::Seconds(config->drain_seconds)));
   server->Wait();
   server.reset();
+  // Then what may still run beside it (transfers being sent, receives
+  // being cleaned up), all of which use the store.
+  service.reset();
+  tcp.reset();
   metrics_server->reset();  // it reads the store
   store->reset();
   std::printf("kvkeepd: stopped\n");

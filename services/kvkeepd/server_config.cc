@@ -2,6 +2,7 @@
 
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
@@ -147,15 +148,26 @@ ServerConfig DefaultConfig() {
   return config;
 }
 
+std::string TransferListenAddress(const ServerConfig& config) {
+  if (config.transfer_listen == "off") return "";
+  if (!config.transfer_listen.empty()) return config.transfer_listen;
+  const size_t colon = config.listen.rfind(':');
+  if (absl::StartsWith(config.listen, "unix:") || colon == std::string::npos) {
+    return "";
+  }
+  return config.listen.substr(0, colon) + ":0";
+}
+
 absl::Status ApplyConfigJson(absl::string_view text, ServerConfig& config) {
   absl::StatusOr<Json> parsed = ParseJson(text, "config");
   if (!parsed.ok()) return parsed.status();
   const Json& j = *parsed;
-  KVKEEP_RETURN_IF_ERROR(CheckKeys(
-      j, "the config",
-      {"listen", "metrics_listen", "metrics_session_series", "layouts",
-       "default_policy", "limits", "tenants", "tenants_file", "tls",
-       "drain_seconds", "log_events", "device", "share_pools"}));
+  KVKEEP_RETURN_IF_ERROR(
+      CheckKeys(j, "the config",
+                {"listen", "metrics_listen", "metrics_session_series",
+                 "layouts", "default_policy", "limits", "tenants",
+                 "tenants_file", "tls", "drain_seconds", "log_events", "device",
+                 "share_pools", "transfer_listen"}));
   KVKEEP_RETURN_IF_ERROR(Read(j, "metrics_session_series", "config",
                               config.metrics_session_series));
   if (config.metrics_session_series < 0) {
@@ -172,6 +184,8 @@ absl::Status ApplyConfigJson(absl::string_view text, ServerConfig& config) {
   KVKEEP_RETURN_IF_ERROR(Read(j, "log_events", "config", config.log_events));
   KVKEEP_RETURN_IF_ERROR(Read(j, "device", "config", config.device));
   KVKEEP_RETURN_IF_ERROR(Read(j, "share_pools", "config", config.share_pools));
+  KVKEEP_RETURN_IF_ERROR(
+      Read(j, "transfer_listen", "config", config.transfer_listen));
   if (auto it = j.find("layouts"); it != j.end()) {
     if (!it->is_array() || it->empty()) {
       return absl::InvalidArgumentError(

@@ -51,7 +51,14 @@ struct ServerConfig {
   // then live in POSIX shared memory. Off by default: a mapped pool shows
   // every session of its layout, whatever its tenant.
   bool share_pools = false;
+  // The data socket incoming session transfers may send their pages over
+  // (the tcp transport, docs/transfer.md): "host:port"; empty: listen's
+  // host, any free port; "off": none (pages then come in chunk messages).
+  std::string transfer_listen;
 };
+
+// Where the data socket listens for `config` ("" for none).
+std::string TransferListenAddress(const ServerConfig& config);
 
 // The embedded default: one small Llama-like "demo" layout (8 layers, 8 kv /
 // 32 query heads, head_dim 128, bf16, 16-token pages) on a 4096-page host

@@ -26,9 +26,14 @@ namespace {
 // values) at a time, so a piece is still in the core's cache when the
 // next pass over it comes.
 constexpr size_t kPassBytes = 128 << 10;
-// How long a target waits for an NCCL sender at most (joining the link,
-// each run of slots), when the call's own deadline is later or unset.
-constexpr absl::Duration kNcclPatience = absl::Minutes(5);
+// How long a target waits at most for pages that come beside the stream
+// (joining an NCCL link and each run of slots; the data socket's connection
+// and chunks), when the call's own deadline is later or unset.
+constexpr absl::Duration kSidePatience = absl::Minutes(5);
+// How long a sender tries to connect to the target's data socket at most
+// before giving up on it (and sending chunk messages, unless tcp was
+// required).
+constexpr absl::Duration kConnectPatience = absl::Seconds(10);
 
 // Field tags (field number << 3 | wire type) of the messages ChunkMessage
 // and ReadChunk handle by hand.
@@ -195,6 +200,111 @@ class Pieces {
   size_t offset_ = 0;
 };
 
+// Pages that arrive beside the gRPC stream (over NCCL or a data socket):
+// the receiving thread and what it did.
+struct SideReceive {
+  std::string transport;  // "nccl" or "tcp"
+  std::thread thread;
+  bool joined = false;                           // by the reactor
+  CacheStore::PendingImport* pending = nullptr;  // owned by the reactor
+  std::unique_ptr<NcclChannel> channel;          // nccl
+  std::string ticket;                            // tcp
+  // tcp: the connection while the thread uses it, so that an abandoning
+  // reactor can shut it down.
+  absl::Mutex mu;
+  bool cancelled ABSL_GUARDED_BY(mu) = false;
+  DataSocket* socket ABSL_GUARDED_BY(mu) = nullptr;
+  // It failed on its own, before any cancel.
+  bool failed_first ABSL_GUARDED_BY(mu) = false;
+  // The thread's; read once it is joined.
+  absl::Status status;
+  int64_t bytes = 0;
+};
+
+// Larger chunks for a pool in device memory are refused: each is staged in
+// host memory whole.
+constexpr int64_t kMaxStagedChunkBytes = int64_t{64} << 20;
+
+// Every resident slot of every layer into the reserved pages, chunk by
+// chunk as the sender's headers say, each checked against its CRC32C.
+absl::Status ReceiveChunks(SlotStream& stream, SideReceive& receive,
+                           const std::vector<int64_t>& resident) {
+  std::vector<std::byte> staging;  // device pools only
+  for (size_t l = 0; l < resident.size(); ++l) {
+    const int32_t layer = static_cast<int32_t>(l);
+    for (int64_t done = 0; done < resident[l];) {
+      absl::StatusOr<SlotStream::ChunkHeader> header =
+          stream.ReceiveChunkHeader();
+      if (!header.ok()) return header.status();
+      if (header->layer != layer || header->first != done ||
+          header->slots < 1 || header->slots > resident[l] - done) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "data socket: a chunk of layer ", header->layer, " slots [",
+            header->first, ", +", header->slots, ") where layer ", layer,
+            " slot ", done, " (of ", resident[l], ") was due"));
+      }
+      absl::Status s = receive.pending->Fill(
+          layer, header->slots,
+          [&](PageMemory& memory, const PageLayout& page_layout,
+              std::span<const PageId> pages, int64_t first,
+              int64_t n) -> absl::Status {
+            SlotSpans spans;
+            receive.bytes += 2 * n * page_layout.token_bytes();
+            if (std::byte* arena = memory.host_data(); arena != nullptr) {
+              HostSlotSpans(arena, page_layout, pages, first, n, &spans);
+              return stream.ReceiveChunk(*header, spans);
+            }
+            const int64_t bytes = n * page_layout.token_bytes();
+            if (2 * bytes > kMaxStagedChunkBytes) {
+              return absl::InvalidArgumentError(
+                  absl::StrCat("data socket: a chunk of ", 2 * bytes,
+                               " bytes; a device pool takes at most ",
+                               kMaxStagedChunkBytes));
+            }
+            staging.resize(static_cast<size_t>(2 * bytes));
+            const std::span<std::byte> all(staging);
+            spans.keys.push_back(all.first(bytes));
+            spans.values.push_back(all.subspan(bytes));
+            if (absl::Status r = stream.ReceiveChunk(*header, spans); !r.ok()) {
+              return r;
+            }
+            return memory.WriteSlots(page_layout, pages, first, n,
+                                     staging.data(), staging.data() + bytes);
+          });
+      if (!s.ok()) return s;
+      done += header->slots;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The receiving thread of a data-socket transfer: waits for the sender's
+// connection, takes every chunk, and answers with the verdict.
+absl::Status ReceiveOverSocket(TcpTransport& tcp, SideReceive& receive,
+                               const std::vector<int64_t>& resident,
+                               absl::Time deadline) {
+  absl::StatusOr<DataSocket> socket = tcp.Await(receive.ticket, deadline);
+  if (!socket.ok()) return socket.status();
+  {
+    absl::MutexLock lock(&receive.mu);
+    if (receive.cancelled) {
+      return absl::CancelledError("the transfer was abandoned");
+    }
+    receive.socket = &*socket;
+  }
+  SlotStream stream(&*socket, deadline);
+  const absl::Status s = ReceiveChunks(stream, receive, resident);
+  if (!s.ok()) {
+    // Before the verdict, on which the sender cancels the call.
+    absl::MutexLock lock(&receive.mu);
+    receive.failed_first = !receive.cancelled;
+  }
+  if (stream.SendVerdict(s).ok() && !s.ok()) stream.Drain();
+  absl::MutexLock lock(&receive.mu);
+  receive.socket = nullptr;
+  return s;
+}
+
 // The ReceiveSession reactor over TransferMessage/TransferReply (as
 // generated) or over their bytes (a raw method; chunks are read in place).
 template <typename Request, typename Response>
@@ -206,14 +316,15 @@ class ReceiveReactor final : public grpc::ServerBidiReactor<Request, Response> {
   ReceiveReactor(CacheStore* store, TransferLog* log,
                  grpc::CallbackServerContext* ctx, Authenticator authenticate,
                  bool tenants_configured, TransferObserver observer,
-                 NcclTransport* nccl)
+                 NcclTransport* nccl, TcpTransport* tcp)
       : store_(store),
         log_(log),
         tenants_configured_(tenants_configured),
         observer_(std::move(observer)),
         nccl_(nccl),
+        tcp_(tcp),
         deadline_(std::min(absl::FromChrono(ctx->deadline()),
-                           absl::Now() + kNcclPatience)),
+                           absl::Now() + kSidePatience)),
         start_(absl::Now()) {
     absl::StatusOr<std::string> tenant = authenticate(*ctx);
     if (!tenant.ok()) {
@@ -228,14 +339,14 @@ class ReceiveReactor final : public grpc::ServerBidiReactor<Request, Response> {
     if (!ok) {
       // The sender went away before committing: the reservation goes back
       // as `pending_` is destroyed.
-      Abandon();
+      Abandon(absl::StatusCode::kCancelled);
       Finish(grpc::Status(grpc::StatusCode::CANCELLED,
                           "the transfer ended before its commit"));
       return;
     }
     absl::Status s = Handle();
     if (!s.ok()) {
-      Abandon();
+      Abandon(s.code());
       pending_.reset();
       Finish(ToGrpcStatus(s));
       return;
@@ -244,6 +355,7 @@ class ReceiveReactor final : public grpc::ServerBidiReactor<Request, Response> {
       reply_ready_ = false;
       if constexpr (kRaw) {
         bool own = false;
+        response_.Clear();  // the serializer writes into an empty buffer
         // A small, valid message: serializing it cannot fail.
         static_cast<void>(
             grpc::SerializationTraits<v1::TransferReply>::Serialize(
@@ -270,12 +382,14 @@ class ReceiveReactor final : public grpc::ServerBidiReactor<Request, Response> {
   }
 
   void OnDone() override {
-    Abandon();  // a no-op unless the call ended without a commit
-    if (observer_ && started_) {
-      observer_(TransferReport{receive_ != nullptr ? "nccl" : "host",
-                               /*outgoing=*/false,
-                               committed_ ? absl::StatusCode::kOk : end_code_,
-                               bytes_, absl::Now() - start_});
+    // A no-op unless the call ended without a commit.
+    Abandon(end_code_ == absl::StatusCode::kOk ? absl::StatusCode::kCancelled
+                                               : end_code_);
+    if (observer_ && started_ && !reported_) {
+      observer_(TransferReport{
+          receive_ != nullptr ? receive_->transport : "host",
+          /*outgoing=*/false, committed_ ? absl::StatusCode::kOk : end_code_,
+          bytes_, absl::Now() - start_});
     }
     delete this;
   }
@@ -360,8 +474,12 @@ class ReceiveReactor final : public grpc::ServerBidiReactor<Request, Response> {
     pending_ = *std::move(pending);
     reply_.set_transport("host");
     if (message.has_nccl()) {
-      absl::Status s = AcceptNccl(message.nccl(), layout, std::move(resident));
+      absl::Status s = AcceptNccl(message.nccl(), layout, resident);
       if (!s.ok() && message.nccl().required()) return s;
+    }
+    if (receive_ == nullptr && message.has_tcp()) {
+      absl::Status s = AcceptTcp(layout, std::move(resident));
+      if (!s.ok() && message.tcp().required()) return s;
     }
     return Reply(v1::TransferReply::READY);
   }
@@ -378,7 +496,8 @@ class ReceiveReactor final : public grpc::ServerBidiReactor<Request, Response> {
     absl::StatusOr<PageMemory*> memory = store_->MemoryOf(layout);
     if (!memory.ok()) return memory.status();
     if (absl::Status s = nccl_->Accept(offer, **memory); !s.ok()) return s;
-    auto receive = std::make_shared<NcclReceive>();
+    auto receive = std::make_shared<SideReceive>();
+    receive->transport = "nccl";
     receive->pending = pending_.get();
     receive->thread = std::thread([receive, offer,
                                    resident = std::move(resident), nccl = nccl_,
@@ -409,19 +528,89 @@ class ReceiveReactor final : public grpc::ServerBidiReactor<Request, Response> {
     return absl::OkStatus();
   }
 
-  // Ends an NCCL receive that will not be committed: its thread is joined
-  // off gRPC's thread (the transport waits for that before the service
-  // goes), and then the reservation goes back.
-  void Abandon() {
+  // Takes a data-socket offer: the pages then arrive over the connection
+  // that presents the ticket READY carries, on a thread of their own, and
+  // the commit waits for them (the sender commits only after the verdict
+  // that they all arrived).
+  absl::Status AcceptTcp(const std::string& layout,
+                         std::vector<int64_t> resident) {
+    if (tcp_ == nullptr) {
+      return absl::FailedPreconditionError(
+          "this store has no data socket (its transfer_listen is off)");
+    }
+    auto receive = std::make_shared<SideReceive>();
+    receive->transport = "tcp";
+    receive->pending = pending_.get();
+    receive->ticket = tcp_->Expect();
+    receive->thread = std::thread([receive, resident = std::move(resident),
+                                   tcp = tcp_, transfer_id = transfer_id_,
+                                   deadline = deadline_] {
+      receive->status = ReceiveOverSocket(*tcp, *receive, resident, deadline);
+      if (!receive->status.ok()) {
+        receive->status = absl::Status(
+            receive->status.code(), absl::StrCat("transfer ", transfer_id, ": ",
+                                                 receive->status.message()));
+      }
+    });
+    reply_.set_transport("tcp");
+    reply_.set_data_port(tcp_->port());
+    reply_.set_data_ticket(receive->ticket);
+    receive_ = std::move(receive);
+    return absl::OkStatus();
+  }
+
+  // Ends a side receive that will not be committed: its thread is stopped
+  // (a data socket shut down) and joined off gRPC's thread (the transport
+  // waits for that before the service goes), and then the reservation goes
+  // back. The transfer is reported then, ended with `code`, or with the
+  // receive's own failure if that came first (a corrupted chunk on the data
+  // socket, whose sender then cancels the call).
+  void Abandon(absl::StatusCode code) {
     if (receive_ == nullptr || receive_->joined) return;
     receive_->joined = true;
+    if (receive_->transport == "tcp") {
+      tcp_->Withdraw(receive_->ticket);
+      absl::MutexLock lock(&receive_->mu);
+      receive_->cancelled = true;
+      if (receive_->socket != nullptr) receive_->socket->Shutdown();
+    }
     auto pending = std::make_shared<std::unique_ptr<CacheStore::PendingImport>>(
         std::move(pending_));
-    nccl_->RunAside([receive = receive_, pending] {
+    TransferObserver observer = started_ ? observer_ : nullptr;
+    reported_ = true;
+    auto cleanup = [receive = receive_, pending, observer, code,
+                    start = start_] {
       receive->thread.join();
       if (receive->channel != nullptr) receive->channel->Done(false);
       pending->reset();
-    });
+      if (observer) {
+        const bool failed_first = [&] {
+          absl::MutexLock lock(&receive->mu);
+          return receive->failed_first;
+        }();
+        observer(TransferReport{receive->transport, /*outgoing=*/false,
+                                failed_first ? receive->status.code() : code,
+                                receive->bytes, absl::Now() - start});
+      }
+    };
+    if (receive_->transport == "tcp") {
+      tcp_->RunAside(std::move(cleanup));
+    } else {
+      nccl_->RunAside(std::move(cleanup));
+    }
+  }
+
+  // A data-socket receive whose sender sent chunk messages (or the commit)
+  // instead, having never connected: it ends, and the chunks are taken as
+  // messages. False if the sender did connect.
+  bool FellBackFromTcp() {
+    if (receive_->transport != "tcp" || !tcp_->Withdraw(receive_->ticket)) {
+      return false;
+    }
+    receive_->joined = true;
+    receive_->thread.join();  // its Await returns at once
+    receive_.reset();
+    return true;
   }
 
   // Writes the chunk into the reserved pages a slot range at a time,
@@ -432,9 +621,11 @@ class ReceiveReactor final : public grpc::ServerBidiReactor<Request, Response> {
     if (pending_ == nullptr) {
       return absl::FailedPreconditionError("a chunk before the header");
     }
-    if (receive_ != nullptr) {
+    if (receive_ != nullptr && !FellBackFromTcp()) {
       return absl::FailedPreconditionError(
-          "a chunk message in a transfer that moves its pages over NCCL");
+          absl::StrCat("a chunk message in a transfer that moves its pages "
+                       "over ",
+                       receive_->transport));
     }
     const size_t kv_bytes = TotalBytes(chunk.keys);
     if (kv_bytes != TotalBytes(chunk.values) || token_bytes_ == 0 ||
@@ -487,8 +678,9 @@ class ReceiveReactor final : public grpc::ServerBidiReactor<Request, Response> {
     if (pending_ == nullptr) {
       return absl::FailedPreconditionError("a commit before the header");
     }
-    if (receive_ != nullptr) {
-      // The sender commits once its sends completed; the receives finish
+    if (receive_ != nullptr && !FellBackFromTcp()) {
+      // The sender commits once its sends completed (over tcp: once the
+      // target's verdict said every slot arrived); the receives finish
       // moments later. This waits on gRPC's thread, for that short while.
       receive_->joined = true;
       receive_->thread.join();
@@ -516,26 +708,19 @@ class ReceiveReactor final : public grpc::ServerBidiReactor<Request, Response> {
   const bool tenants_configured_;
   const TransferObserver observer_;
   NcclTransport* const nccl_;  // may be null
-  const absl::Time deadline_;  // for the NCCL link
+  TcpTransport* const tcp_;    // may be null
+  const absl::Time deadline_;  // for the NCCL link and the data socket
   const absl::Time start_;
   int64_t bytes_ = 0;
   bool committed_ = false;
+  bool reported_ = false;  // to the observer, by Abandon's cleanup
   absl::StatusCode end_code_ = absl::StatusCode::kOk;
   std::string tenant_;
   std::string transfer_id_;
   bool started_ = false;
   size_t token_bytes_ = 0;  // one token's keys (or values) in one layer
   std::unique_ptr<CacheStore::PendingImport> pending_;
-  // The pages coming over NCCL: the receiving thread and what it did.
-  struct NcclReceive {
-    std::thread thread;
-    bool joined = false;
-    CacheStore::PendingImport* pending = nullptr;  // owned by the reactor
-    std::unique_ptr<NcclChannel> channel;
-    absl::Status status;
-    int64_t bytes = 0;
-  };
-  std::shared_ptr<NcclReceive> receive_;
+  std::shared_ptr<SideReceive> receive_;
   std::vector<std::byte> straddle_;  // one token's keys and values
   Request request_;
   v1::TransferReply reply_;
@@ -713,6 +898,104 @@ grpc::ByteBuffer Serialize(const v1::TransferMessage& message) {
   static_cast<void>(grpc::SerializationTraits<v1::TransferMessage>::Serialize(
       message, &out, &own));
   return out;
+}
+
+// The target's data socket, connected and told which transfer it carries.
+absl::StatusOr<DataSocket> ConnectData(const SendOptions& options,
+                                       const v1::TransferReply& ready) {
+  const std::optional<std::string> host = TargetHost(options.target);
+  if (!host.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the target ", options.target, " has no TCP host for a data socket"));
+  }
+  const absl::Time patience =
+      std::min(options.deadline, absl::Now() + kConnectPatience);
+  absl::StatusOr<DataSocket> socket =
+      DataSocket::Connect(*host, ready.data_port(), patience);
+  if (!socket.ok()) return socket.status();
+  SlotStream stream(&*socket, options.deadline);
+  if (absl::Status s = stream.SendHello(ready.data_ticket()); !s.ok()) {
+    return s;
+  }
+  // A store behind the same address that is not the target (a load
+  // balancer's other replica) turns the ticket away: not connected.
+  if (absl::Status s = stream.AwaitWelcome(patience); !s.ok()) return s;
+  return socket;
+}
+
+// Every resident slot over the data socket, a chunk at a time, straight from
+// the pages when `options.spans` says where they are; then the target's
+// verdict. `bytes` counts what was sent.
+absl::Status SendOverSocket(const SessionSnapshot& snapshot,
+                            const SlotReader& read, const SendOptions& options,
+                            DataSocket& socket, int64_t* bytes) {
+  SlotStream stream(&socket, options.deadline);
+  const int64_t token_bytes = options.token_bytes;
+  const int64_t slots_per_chunk =
+      std::max<int64_t>(1, options.chunk_bytes / (2 * token_bytes));
+  std::vector<std::byte> buffer;  // without `spans`: a chunk read out
+  int64_t chunk_index = 0;
+  std::optional<absl::Status> verdict;  // once the target has sent it
+  for (size_t l = 0; l < snapshot.layers.size(); ++l) {
+    const int32_t layer = static_cast<int32_t>(l);
+    const int64_t resident = snapshot.layers[l].resident();
+    for (int64_t first = 0; first < resident; first += slots_per_chunk) {
+      const int64_t n = std::min(slots_per_chunk, resident - first);
+      SlotSpans spans;
+      if (options.spans) {
+        if (absl::Status s = options.spans(layer, first, n, &spans); !s.ok()) {
+          return s;
+        }
+      } else {
+        buffer.resize(static_cast<size_t>(2 * n * token_bytes));
+        const std::span<std::byte> all(buffer);
+        spans.keys.push_back(all.first(n * token_bytes));
+        spans.values.push_back(all.subspan(n * token_bytes));
+        if (absl::Status s =
+                read(layer, first, n, spans.keys[0], spans.values[0]);
+            !s.ok()) {
+          return s;
+        }
+      }
+      // The fault hook sees the chunk as a message would carry it; what it
+      // leaves is sent, with the checksum it leaves.
+      v1::TransferChunk faulty;
+      std::optional<uint32_t> claimed;
+      if (options.fault) {
+        uint32_t crc = 0;
+        faulty.set_layer(layer);
+        faulty.set_first_slot(first);
+        for (auto [side, out] :
+             {std::pair{&spans.keys, faulty.mutable_keys()},
+              std::pair{&spans.values, faulty.mutable_values()}}) {
+          for (std::span<const std::byte> piece : *side) {
+            crc = Crc32c(crc, piece);
+            out->append(reinterpret_cast<const char*>(piece.data()),
+                        piece.size());
+          }
+        }
+        faulty.set_crc32c(crc);
+        options.fault(chunk_index, faulty);
+        claimed = faulty.crc32c();
+        spans.keys = {
+            std::as_writable_bytes(std::span(*faulty.mutable_keys()))};
+        spans.values = {
+            std::as_writable_bytes(std::span(*faulty.mutable_values()))};
+      }
+      ++chunk_index;
+      if (verdict.has_value()) {  // an OK verdict, and yet a chunk to send
+        return absl::InternalError(
+            "the target's verdict came before the last chunk");
+      }
+      absl::Status s = stream.SendChunk(layer, first, n, spans, claimed);
+      // A target that failed says why before it stops reading.
+      verdict = stream.EarlyVerdict();
+      if (verdict.has_value() && !verdict->ok()) return *verdict;
+      if (!s.ok()) return s;
+      *bytes += 2 * n * token_bytes;
+    }
+  }
+  return verdict.has_value() ? *verdict : stream.AwaitVerdict();
 }
 
 }  // namespace
@@ -946,6 +1229,8 @@ SendResult SendSession(const SessionSnapshot& snapshot, const SlotReader& read,
   if (options.nccl_offer.has_value()) {
     *header.mutable_nccl() = *options.nccl_offer;
   }
+  if (options.tcp_offer)
+    header.mutable_tcp()->set_required(options.tcp_required);
   if (!call->Write(Serialize(header))) {
     return end("the target did not answer the header");
   }
@@ -978,14 +1263,43 @@ SendResult SendSession(const SessionSnapshot& snapshot, const SlotReader& read,
     }
     channel = *std::move(connected);
   }
+  std::optional<DataSocket> socket;
+  if (reply->transport() == "tcp") {
+    if (!options.tcp_offer) {
+      static_cast<void>(call->Finish(/*cancel=*/true));
+      result.status = absl::InternalError(
+          "the target chose tcp, which this sender did not offer");
+      return result;
+    }
+    absl::StatusOr<DataSocket> connected = ConnectData(options, *reply);
+    if (connected.ok()) {
+      socket = *std::move(connected);
+      result.transport = "tcp";
+    } else if (options.tcp_required) {
+      static_cast<void>(call->Finish(/*cancel=*/true));
+      result.status = absl::Status(
+          connected.status().code(),
+          absl::StrCat("transport 'tcp': ", connected.status().message()));
+      return result;
+    }
+    // Otherwise the chunks go as messages, which the target takes instead.
+  }
   const size_t token_bytes = static_cast<size_t>(options.token_bytes);
   const int64_t slots_per_chunk =
       std::max<int64_t>(1, options.chunk_bytes / (2 * options.token_bytes));
   const int64_t slots_per_pass = std::max<int64_t>(1, kPassBytes / token_bytes);
   int64_t chunk_index = 0;
-  // The pages go either over NCCL, in runs of the offer's size, or as
-  // chunk messages.
-  if (channel != nullptr) {
+  // The pages go over NCCL, in runs of the offer's size, over the data
+  // socket, or as chunk messages.
+  if (socket.has_value()) {
+    if (absl::Status s =
+            SendOverSocket(snapshot, read, options, *socket, &result.bytes);
+        !s.ok()) {
+      static_cast<void>(call->Finish(/*cancel=*/true));
+      result.status = s;
+      return result;
+    }
+  } else if (channel != nullptr) {
     for (size_t l = 0; l < snapshot.layers.size(); ++l) {
       const int64_t run = options.nccl_offer->chunk_slots();
       const int64_t resident = snapshot.layers[l].resident();
@@ -1076,20 +1390,21 @@ grpc::ServerBidiReactor<v1::TransferMessage, v1::TransferReply>*
 NewReceiveReactor(CacheStore* store, TransferLog* log,
                   grpc::CallbackServerContext* ctx, Authenticator authenticate,
                   bool tenants_configured, TransferObserver observer,
-                  NcclTransport* nccl) {
+                  NcclTransport* nccl, TcpTransport* tcp) {
   return new ReceiveReactor<v1::TransferMessage, v1::TransferReply>(
       store, log, ctx, std::move(authenticate), tenants_configured,
-      std::move(observer), nccl);
+      std::move(observer), nccl, tcp);
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 NewRawReceiveReactor(CacheStore* store, TransferLog* log,
                      grpc::CallbackServerContext* ctx,
                      Authenticator authenticate, bool tenants_configured,
-                     TransferObserver observer, NcclTransport* nccl) {
+                     TransferObserver observer, NcclTransport* nccl,
+                     TcpTransport* tcp) {
   return new ReceiveReactor<grpc::ByteBuffer, grpc::ByteBuffer>(
       store, log, ctx, std::move(authenticate), tenants_configured,
-      std::move(observer), nccl);
+      std::move(observer), nccl, tcp);
 }
 
 int ReceiveSessionMethodIndex() {

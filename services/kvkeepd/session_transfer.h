@@ -1,10 +1,12 @@
-// Session transfer between kvkeepd processes over the host transport: the
-// sending side (SendSession, run by TransferSession on the store holding
-// the session) and the receiving side (the ReceiveSession reactors), plus
-// the proto form of a session's state. The two-phase semantics live in the
-// store (CacheStore::FreezeForTransfer / PrepareImport); this file moves
-// the bytes: a header with the state, chunks of page bytes each with a
-// CRC32C, a commit.
+// Session transfer between kvkeepd processes: the sending side
+// (SendSession, run by TransferSession on the store holding the session) and
+// the receiving side (the ReceiveSession reactors), plus the proto form of a
+// session's state. The two-phase semantics live in the store
+// (CacheStore::FreezeForTransfer / PrepareImport); this file moves the
+// bytes: a header with the state on the gRPC stream, then the page bytes in
+// chunks each with a CRC32C (as messages on the stream: the host transport;
+// over the target's data socket: tcp, tcp_transport.h) or slot runs over
+// NCCL, then a commit on the stream.
 //
 // The chunks are the bulk of a transfer, so they bypass the protobuf
 // message on both ends while keeping its exact wire form (ChunkMessage,
@@ -35,6 +37,7 @@
 #include "grpcpp/support/slice.h"
 #include "kvkeep/v1/kvkeep.grpc.pb.h"
 #include "services/kvkeepd/nccl_transport.h"
+#include "services/kvkeepd/tcp_transport.h"
 
 namespace kvkeep {
 
@@ -90,6 +93,16 @@ struct SendOptions {
   std::function<absl::Status(NcclChannel& channel, int32_t layer, int64_t first,
                              int64_t n)>
       nccl_move;
+  // The tcp transport: offered with the header when set (`tcp_required`:
+  // the target must take it and the data socket must connect; otherwise the
+  // chunks go as messages). `spans`, when set, gives where a chunk's slots
+  // lie (a host pool's pages), so they are sent without a copy; unset, they
+  // are read with the SlotReader into a buffer first.
+  bool tcp_offer = false;
+  bool tcp_required = false;
+  std::function<absl::Status(int32_t layer, int64_t first, int64_t n,
+                             SlotSpans* out)>
+      spans;
 };
 
 // How a send ended. A failure `in_doubt` may have been committed by the
@@ -100,7 +113,7 @@ struct SendResult {
   absl::Status status;
   bool in_doubt = false;
   int64_t bytes = 0;
-  std::string transport = "host";  // what the target agreed to
+  std::string transport = "host";  // how the pages went
 };
 
 // Reads slots [first, first + n) of a layer's keys and values into the
@@ -124,17 +137,19 @@ SendResult SendSession(const SessionSnapshot& state, const SlotReader& read,
 // (see RawReceiveSessionHandler), reads each chunk in place.
 using Authenticator = std::function<absl::StatusOr<std::string>(
     const grpc::CallbackServerContext&)>;
-// `nccl` (may be null: host transport only) answers NCCL offers.
+// `nccl` answers NCCL offers and `tcp` takes data-socket offers; either may
+// be null (that transport is not taken here).
 grpc::ServerBidiReactor<v1::TransferMessage, v1::TransferReply>*
 NewReceiveReactor(CacheStore* store, TransferLog* log,
                   grpc::CallbackServerContext* ctx, Authenticator authenticate,
                   bool tenants_configured, TransferObserver observer,
-                  NcclTransport* nccl = nullptr);
+                  NcclTransport* nccl = nullptr, TcpTransport* tcp = nullptr);
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 NewRawReceiveReactor(CacheStore* store, TransferLog* log,
                      grpc::CallbackServerContext* ctx,
                      Authenticator authenticate, bool tenants_configured,
-                     TransferObserver observer, NcclTransport* nccl = nullptr);
+                     TransferObserver observer, NcclTransport* nccl = nullptr,
+                     TcpTransport* tcp = nullptr);
 
 // ReceiveSession's index among KvKeep's methods, and a handler for it that
 // makes raw reactors with `make`: a service derived from the generated

@@ -238,6 +238,22 @@ def check_k8s(opts):
     p.check(ports.get("metrics") == metrics_port,
             f"container port 'metrics' is {ports.get('metrics')}, kvkeepd "
             f"serves metrics on {metrics_port} ({metrics_listen})")
+    # The data socket for incoming transfers: kvkeepd's default is listen's
+    # host on a free port, which no container port can name.
+    transfer_listen = effective("transfer_listen", "")
+    transfer_port = None
+    if p.check(transfer_listen not in ("", None),
+               "transfer_listen is unset: the data socket would take a random "
+               "port that no container port names (set it, or 'off')") \
+            and transfer_listen != "off":
+        p.check(not transfer_listen.startswith(LOOPBACK_HOSTS),
+                f"transfer_listen {transfer_listen}: a loopback address is "
+                "unreachable from other stores")
+        transfer_port = host_port(transfer_listen)[1]
+        p.check(ports.get("transfer") == transfer_port,
+                f"container port 'transfer' is {ports.get('transfer')}, "
+                f"kvkeepd's data socket is on {transfer_port} "
+                f"({transfer_listen})")
 
     for probe_name in ("livenessProbe", "readinessProbe", "startupProbe"):
         probe = c.get(probe_name)
@@ -265,7 +281,10 @@ def check_k8s(opts):
     metrics_service_ports = []
     for s in services:
         sp = {port.get("name"): port for port in s["spec"].get("ports", [])}
-        for name, want in (("grpc", grpc_port), ("metrics", metrics_port)):
+        wanted = [("grpc", grpc_port), ("metrics", metrics_port)]
+        if transfer_port is not None:
+            wanted.append(("transfer", transfer_port))
+        for name, want in wanted:
             got = target_port(sp[name]) if name in sp else None
             p.check(got == want,
                     f"Service {s['metadata']['name']} port '{name}' reaches "

@@ -345,6 +345,16 @@ TEST_F(KvkeepdProcessTest, PrintsTheGrpcAddressThenTheMetricsAddress) {
       metrics_testing::HttpGet(metrics_address, "/metrics");
   ASSERT_TRUE(scrape.ok()) << scrape.status();
   EXPECT_THAT(*scrape, HasSubstr("kvkeep_build_info{version=\""));
+  // Then the data socket incoming transfers use: listen's host, a port of
+  // its own (docs/transfer.md).
+  ASSERT_LT(grpc_line + 2, lines.size()) << kvkeepd->child->Output();
+  constexpr absl::string_view kDataPrefix =
+      "kvkeepd: transfer data socket on 127.0.0.1:";
+  ASSERT_THAT(lines[grpc_line + 2], StartsWith(kDataPrefix));
+  int data_port = 0;
+  EXPECT_TRUE(absl::SimpleAtoi(lines[grpc_line + 2].substr(kDataPrefix.size()),
+                               &data_port));
+  EXPECT_GT(data_port, 0);
 
   // HOST:PORT with the port bound (not the 0 asked for), and serving.
   const size_t colon = kvkeepd->address.rfind(':');

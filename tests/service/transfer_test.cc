@@ -29,6 +29,7 @@
 #include "services/client/kvkeep_client.h"
 #include "services/kvkeepd/kvkeep_service.h"
 #include "services/kvkeepd/session_transfer.h"
+#include "services/kvkeepd/tcp_transport.h"
 #include "tests/service/metrics_testing.h"
 
 namespace kvkeep {
@@ -48,15 +49,21 @@ ModelLayout Layout(int32_t head_dim = 8) {
   return l;
 }
 
-// A store and its service on a loopback port.
+// A store and its service on a loopback port, with a data socket for
+// incoming transfers on `data_listen` (none if empty).
 class Store {
  public:
   explicit Store(int64_t pages, ServiceOptions options = {}, Device device = {},
-                 int32_t head_dim = 8) {
+                 int32_t head_dim = 8,
+                 const std::string& data_listen = "127.0.0.1:0") {
     StoreOptions store_options;
     store_options.pools.push_back(PoolSpec{Layout(head_dim), pages});
     store_options.device = device;
     store_ = *CacheStore::Create(store_options);
+    if (!data_listen.empty()) {
+      tcp_ = *TcpTransport::Listen(data_listen);
+      options.tcp = tcp_.get();
+    }
     service_ =
         std::make_unique<KvKeepService>(store_.get(), std::move(options));
     grpc::ServerBuilder builder;
@@ -84,9 +91,11 @@ class Store {
   const std::string& address() const { return address_; }
   client::KvKeepClient& client() { return *client_; }
   int64_t used_pages() { return store_->Layouts()[0].pool.used_pages; }
+  int data_port() const { return tcp_ != nullptr ? tcp_->port() : 0; }
 
  private:
   std::unique_ptr<CacheStore> store_;
+  std::unique_ptr<TcpTransport> tcp_;
   std::unique_ptr<KvKeepService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
@@ -189,7 +198,13 @@ v1::DecodeStep MakeStep(const std::string& session, int64_t position,
   return step;
 }
 
-TEST(TransferTest, ASessionMovesAndDecodesAsItWouldHave) {
+// The transfer tests run over each transport a plain transfer between two
+// stores can use: chunk messages on the stream ("host") and the target's
+// data socket ("tcp").
+class EachTransport : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(EachTransport, ASessionMovesAndDecodesAsItWouldHave) {
+  const std::string transport = GetParam();
   Store source(256), target(256), reference(256);
   std::mt19937 rng(1);
   for (const std::string policy : {"h2o", "tova", "scissorhands"}) {
@@ -202,10 +217,11 @@ TEST(TransferTest, ASessionMovesAndDecodesAsItWouldHave) {
                     .ok());
     v1::TransferSessionResponse response;
     const grpc::Status status =
-        Transfer(source, s.id(), target.address(), &response);
+        Transfer(source, s.id(), target.address(), &response, "",
+                 absl::Seconds(60), transport);
     ASSERT_TRUE(status.ok()) << status.error_message();
     EXPECT_EQ(response.session_id(), s.id());
-    EXPECT_EQ(response.transport(), "host");
+    EXPECT_EQ(response.transport(), transport);
     EXPECT_GT(response.bytes(), 0);
     EXPECT_EQ(source.store().GetStats(id).status().code(),
               absl::StatusCode::kNotFound);
@@ -248,6 +264,18 @@ TEST(TransferTest, ASessionMovesAndDecodesAsItWouldHave) {
   EXPECT_EQ(source.used_pages(), 0);
 }
 
+// Whether a target that refused or lost a transfer gives back every page it
+// reserved. It may do so just after the sender has its answer (a receive
+// beside the stream is cleaned up off gRPC's threads), so this waits, up to
+// a limit that only a leak reaches.
+bool Emptied(Store& target) {
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (target.used_pages() != 0 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return target.used_pages() == 0;
+}
+
 // The source session after a failed transfer: there, unchanged, serving.
 void ExpectServedUnchanged(Store& source, const client::Session& s,
                            const LayerKvCopy& before, std::mt19937& rng) {
@@ -258,9 +286,13 @@ void ExpectServedUnchanged(Store& source, const client::Session& s,
   EXPECT_TRUE(metrics_testing::DecodeWithQueries(s, 3, 1000, rng).ok());
 }
 
+INSTANTIATE_TEST_SUITE_P(Transports, EachTransport,
+                         ::testing::Values("host", "tcp"),
+                         [](const auto& info) { return info.param; });
+
 // The transport is chosen per transfer: host pools have no NCCL, so "nccl"
-// is refused before the session is touched, "auto" picks the host
-// transport, and anything else is a bad argument.
+// is refused before the session is touched, "auto" picks the target's data
+// socket, and anything else is a bad argument.
 TEST(TransferTest, TheTransportIsChosenPerTransfer) {
   Store source(256), target(256);
   std::mt19937 rng(7);
@@ -276,12 +308,92 @@ TEST(TransferTest, TheTransportIsChosenPerTransfer) {
                     absl::Seconds(60), "carrier-pigeon");
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   ExpectServedUnchanged(source, s, before, rng);
-  EXPECT_EQ(target.used_pages(), 0);
+  EXPECT_TRUE(Emptied(target));
 
   status = Transfer(source, s.id(), target.address(), &response, "",
                     absl::Seconds(60), "auto");
   ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.transport(), "tcp");
+}
+
+// A target without a data socket: "auto" sends chunk messages; "tcp" is
+// refused before any byte moves, saying why.
+TEST(TransferTest, ATargetWithoutADataSocketTakesChunkMessages) {
+  Store source(256), target(256, {}, {}, 8, /*data_listen=*/"");
+  std::mt19937 rng(8);
+  const client::Session s = Decoded(source, "tova", rng);
+  const LayerKvCopy before =
+      *source.store().ReadLayer(*ParseSessionName(s.id()), 1);
+  v1::TransferSessionResponse response;
+  grpc::Status status = Transfer(source, s.id(), target.address(), &response,
+                                 "", absl::Seconds(60), "tcp");
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+      << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("no data socket"));
+  ExpectServedUnchanged(source, s, before, rng);
+  EXPECT_TRUE(Emptied(target));
+
+  status = Transfer(source, s.id(), target.address(), &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(response.transport(), "host");
+  EXPECT_TRUE(target.store().GetStats(*ParseSessionName(s.id())).ok());
+}
+
+// A data socket the sender cannot reach (here: it listens on another
+// loopback address than the target's gRPC one): "tcp" fails with the
+// session still here and nothing held on the target; "auto" falls back to
+// chunk messages on the same stream, which the target then takes.
+TEST(TransferTest, AnUnreachableDataSocketFallsBackToChunkMessages) {
+  Store source(256), target(256, {}, {}, 8, /*data_listen=*/"127.0.0.2:0");
+  std::mt19937 rng(9);
+  const client::Session s = Decoded(source, "h2o", rng);
+  const SessionId id = *ParseSessionName(s.id());
+  const LayerKvCopy before = *source.store().ReadLayer(id, 1);
+  v1::TransferSessionResponse response;
+  grpc::Status status = Transfer(source, s.id(), target.address(), &response,
+                                 "", absl::Seconds(60), "tcp");
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("transport 'tcp'"));
+  ExpectServedUnchanged(source, s, before, rng);
+  EXPECT_TRUE(Emptied(target));
+
+  const LayerKvCopy sent = *source.store().ReadLayer(id, 1);
+  status = Transfer(source, s.id(), target.address(), &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.transport(), "host");
+  const LayerKvCopy arrived = *target.store().ReadLayer(id, 1);
+  EXPECT_EQ(arrived.positions, sent.positions);
+  EXPECT_TRUE(arrived.keys == sent.keys && arrived.values == sent.values);
+}
+
+// Connections to the data socket that present no ticket, or one it never
+// gave, are closed without disturbing the transfers that follow.
+TEST(TransferTest, StrangersOnTheDataSocketAreTurnedAway) {
+  Store source(256), target(256);
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  for (const std::string& hello :
+       {std::string("GET / HTTP/1.1\r\n\r\n"),
+        std::string("KVKDATA1") + std::string(16, 'x')}) {
+    absl::StatusOr<DataSocket> stranger =
+        DataSocket::Connect("127.0.0.1", target.data_port(), deadline);
+    ASSERT_TRUE(stranger.ok()) << stranger.status();
+    std::string bytes = hello;
+    iovec v{bytes.data(), bytes.size()};
+    ASSERT_TRUE(stranger->Send({&v, 1}, deadline).ok());
+    char c;
+    iovec r{&c, 1};
+    EXPECT_EQ(stranger->Receive({&r, 1}, deadline).code(),
+              absl::StatusCode::kUnavailable)
+        << "closed by the target";
+  }
+  std::mt19937 rng(10);
+  const client::Session s = Decoded(source, "h2o", rng);
+  v1::TransferSessionResponse response;
+  const grpc::Status status =
+      Transfer(source, s.id(), target.address(), &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.transport(), "tcp");
 }
 
 // Two GPU pools: the pages move pool to pool over NCCL, byte for byte, and
@@ -337,7 +449,8 @@ TEST(TransferNcclTest, GpuPoolsMoveTheirPagesOverNccl) {
   EXPECT_EQ(response.transport(), "host");
 }
 
-TEST(TransferTest, AFullTargetRefusesBeforeAnyByteMoves) {
+TEST_P(EachTransport, AFullTargetRefusesBeforeAnyByteMoves) {
+  const std::string transport = GetParam();
   Store source(256), target(4);
   std::mt19937 rng(2);
   const client::Session s = Decoded(source, "h2o", rng);
@@ -345,16 +458,18 @@ TEST(TransferTest, AFullTargetRefusesBeforeAnyByteMoves) {
       *source.store().ReadLayer(*ParseSessionName(s.id()), 1);
   v1::TransferSessionResponse response;
   const grpc::Status status =
-      Transfer(source, s.id(), target.address(), &response);
+      Transfer(source, s.id(), target.address(), &response, "",
+               absl::Seconds(60), transport);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
       << status.error_message();
   EXPECT_THAT(status.error_message(), HasSubstr("stays here"));
-  EXPECT_EQ(target.used_pages(), 0);
+  EXPECT_TRUE(Emptied(target));
   EXPECT_TRUE(target.store().ListSessions().empty());
   ExpectServedUnchanged(source, s, before, rng);
 }
 
-TEST(TransferTest, ACorruptedChunkIsCaughtAndARetrySucceeds) {
+TEST_P(EachTransport, ACorruptedChunkIsCaughtAndARetrySucceeds) {
+  const std::string transport = GetParam();
   std::atomic<bool> corrupt{true};
   ServiceOptions options;
   options.transfer_fault = [&](int64_t chunk, v1::TransferChunk& c) {
@@ -366,21 +481,24 @@ TEST(TransferTest, ACorruptedChunkIsCaughtAndARetrySucceeds) {
   const LayerKvCopy before =
       *source.store().ReadLayer(*ParseSessionName(s.id()), 1);
   v1::TransferSessionResponse response;
-  grpc::Status status =
-      Transfer(source, s.id(), target.address(), &response, "t-1");
+  grpc::Status status = Transfer(source, s.id(), target.address(), &response,
+                                 "t-1", absl::Seconds(60), transport);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::DATA_LOSS)
       << status.error_message();
   EXPECT_THAT(status.error_message(), HasSubstr("CRC32C"));
-  EXPECT_EQ(target.used_pages(), 0);
+  EXPECT_TRUE(Emptied(target));
   ExpectServedUnchanged(source, s, before, rng);
 
   corrupt = false;
-  status = Transfer(source, s.id(), target.address(), &response, "t-2");
+  status = Transfer(source, s.id(), target.address(), &response, "t-2",
+                    absl::Seconds(60), transport);
   ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.transport(), transport);
   EXPECT_TRUE(target.store().GetStats(*ParseSessionName(s.id())).ok());
 }
 
-TEST(TransferTest, AnUnreachableTargetLeavesTheSessionServing) {
+TEST_P(EachTransport, AnUnreachableTargetLeavesTheSessionServing) {
+  const std::string transport = GetParam();
   Store source(256);
   std::string gone;
   {
@@ -392,13 +510,15 @@ TEST(TransferTest, AnUnreachableTargetLeavesTheSessionServing) {
   const LayerKvCopy before =
       *source.store().ReadLayer(*ParseSessionName(s.id()), 1);
   v1::TransferSessionResponse response;
-  const grpc::Status status = Transfer(source, s.id(), gone, &response);
+  const grpc::Status status = Transfer(source, s.id(), gone, &response, "",
+                                       absl::Seconds(60), transport);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE)
       << status.error_message();
   ExpectServedUnchanged(source, s, before, rng);
 }
 
-TEST(TransferTest, ASessionBeingSentTakesNoChangesAndADeadlineAbortsIt) {
+TEST_P(EachTransport, ASessionBeingSentTakesNoChangesAndADeadlineAbortsIt) {
+  const std::string transport = GetParam();
   absl::Notification sending;
   absl::Notification release;
   ServiceOptions options;
@@ -417,7 +537,7 @@ TEST(TransferTest, ASessionBeingSentTakesNoChangesAndADeadlineAbortsIt) {
   std::thread caller([&] {
     v1::TransferSessionResponse response;
     status = Transfer(source, s.id(), target.address(), &response, "",
-                      absl::Milliseconds(500));
+                      absl::Milliseconds(500), transport);
   });
   sending.WaitForNotification();
   // Frozen: a step is refused with a status that says why; reads work.
@@ -442,7 +562,7 @@ TEST(TransferTest, ASessionBeingSentTakesNoChangesAndADeadlineAbortsIt) {
   const LayerKvCopy after =
       *source.store().ReadLayer(*ParseSessionName(s.id()), 1);
   EXPECT_GT(after.version, before.version) << "it serves again";
-  EXPECT_EQ(target.used_pages(), 0);
+  EXPECT_TRUE(Emptied(target));
   EXPECT_TRUE(target.store().ListSessions().empty());
 }
 
