@@ -1,22 +1,30 @@
 // Host-path session transfer throughput next to a raw TCP copy of the same
 // bytes over loopback, in the same run.
 //
-// Two kvkeepd services in this process, each with its own store and
-// loopback port: a session of ~GIB GiB of keys and values (32 layers, 8 kv
-// heads, head_dim 128, bf16, 16-token pages) moves from one to the other
-// with TransferSession (freeze, header, 4 MiB chunks with CRC32C, commit).
-// The baseline sends the same number of bytes from one thread to another
-// over a loopback TCP socket, 4 MiB per write. Prints both (wall time, and
-// the CPU seconds the process spent, steadier on a busy machine) and the
-// ratio.
+// Two kvkeepd services in this process, each with its own store, loopback
+// port and data socket: a session of ~GIB GiB of keys and values (32
+// layers, 8 kv heads, head_dim 128, bf16, 16-token pages) moves from one to
+// the other with TransferSession (freeze, header, 4 MiB chunks with CRC32C,
+// commit), once per transport named (default: tcp, the data socket, then
+// host, chunk messages on the gRPC stream; each moves the session back to
+// the other store). Two baselines copy the same number of bytes from one
+// thread to another over a loopback TCP socket, 4 MiB per write: from one
+// hot 4 MiB buffer into another (the socket's best case), and from one
+// memory-resident copy of the bytes into another (what any copy of the
+// session must at least do: read it from memory and write it to memory).
+// Prints each (wall time, and the CPU seconds the process spent, steadier
+// on a busy machine), over several rounds, then each one's median and each
+// transfer's throughput as a ratio of each baseline's (of the medians).
 // The process sets kvkeepd's malloc options, and the target's pool is warm
-// (touched by an earlier session) unless --cold.
+// (touched by an earlier session) unless --cold (then only the first
+// transfer meets a cold pool: use --rounds=1).
 //
 // --nccl (a machine with two GPUs): the pools are on cuda:0 and cuda:1 and
 // the session moves over NCCL; the baseline is cudaMemcpyPeer of the same
 // bytes between the two devices in the same run (the link's measured peak).
 //
-//   build/bin/transfer_bench [GIB] [--cold] [--nccl]   (default 1, warm, host)
+//   build/bin/transfer_bench [GIB] [--cold] [--nccl] [--transports=tcp,host]
+//                            [--rounds=5]
 #include <arpa/inet.h>
 #include <malloc.h>
 #include <netinet/in.h>
@@ -24,6 +32,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -33,7 +42,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "cache_store/cache_store.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
@@ -41,6 +52,7 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "services/kvkeepd/kvkeep_service.h"
+#include "services/kvkeepd/tcp_transport.h"
 
 #if defined(KVKEEP_HAVE_CUDA)
 #include <cuda_runtime_api.h>
@@ -75,8 +87,10 @@ class Server {
       std::exit(1);
     }
     store_ = *std::move(store);
+    tcp_ = *TcpTransport::Listen("127.0.0.1:0");
     ServiceOptions so;
     so.max_message_bytes = kMessageBytes;
+    so.tcp = tcp_.get();
     service_ = std::make_unique<KvKeepService>(store_.get(), so);
     grpc::ServerBuilder b;
     int port = 0;
@@ -98,6 +112,7 @@ class Server {
 
  private:
   std::unique_ptr<CacheStore> store_;
+  std::unique_ptr<TcpTransport> tcp_;
   std::unique_ptr<KvKeepService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
@@ -118,8 +133,10 @@ double CpuSeconds() {
 }
 
 // Sends `bytes` over a loopback TCP connection, 4 MiB per write; returns
-// the seconds from the first write to the last byte read.
-double RawTcp(int64_t bytes) {
+// the seconds from the first write to the last byte read. With `from` and
+// `to` (each `bytes` long), the bytes are written from `from` and read into
+// `to`; without, from one 4 MiB buffer into another, over and over.
+double RawTcp(int64_t bytes, const char* from = nullptr, char* to = nullptr) {
   const int listener = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -135,7 +152,10 @@ double RawTcp(int64_t bytes) {
     std::vector<char> in(4 << 20);
     int64_t got = 0;
     while (got < bytes) {
-      const ssize_t n = read(fd, in.data(), in.size());
+      const ssize_t n =
+          to != nullptr
+              ? read(fd, to + got, std::min<int64_t>(in.size(), bytes - got))
+              : read(fd, in.data(), in.size());
       if (n <= 0) break;
       got += n;
     }
@@ -145,8 +165,8 @@ double RawTcp(int64_t bytes) {
   connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   const auto start = std::chrono::steady_clock::now();
   for (int64_t sent = 0; sent < bytes;) {
-    const ssize_t n =
-        write(fd, out.data(), std::min<int64_t>(out.size(), bytes - sent));
+    const ssize_t n = write(fd, from != nullptr ? from + sent : out.data(),
+                            std::min<int64_t>(out.size(), bytes - sent));
     if (n <= 0) break;
     sent += n;
   }
@@ -199,12 +219,19 @@ int Main(int argc, char** argv) {
   double gib = 1.0;
   bool cold = false;
   bool nccl = false;
+  std::vector<std::string> transports = {"tcp", "host"};
+  int rounds = 5;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--cold") {
       cold = true;
     } else if (arg == "--nccl") {
       nccl = true;
+      transports = {"nccl"};
+    } else if (absl::StartsWith(arg, "--transports=")) {
+      transports = absl::StrSplit(arg.substr(13), ',');
+    } else if (absl::StartsWith(arg, "--rounds=")) {
+      rounds = std::max(1, std::atoi(arg.substr(9).c_str()));
     } else {
       gib = std::atof(argv[i]);
     }
@@ -259,45 +286,118 @@ int Main(int argc, char** argv) {
               static_cast<long long>(tokens), layout.num_layers,
               moved_bytes / double(1 << 30));
 
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(kMessageBytes);
-  auto stub = v1::KvKeep::NewStub(grpc::CreateCustomChannel(
-      source.address(), grpc::InsecureChannelCredentials(), args));
-  grpc::ClientContext ctx;
-  v1::TransferSessionRequest request;
-  request.set_session_id(SessionName(id));
-  request.set_target(target.address());
-  request.set_transport(nccl ? "nccl" : "host");
-  v1::TransferSessionResponse response;
-  const double transfer_cpu_start = CpuSeconds();
-  const auto start = std::chrono::steady_clock::now();
-  const grpc::Status s = stub->TransferSession(&ctx, request, &response);
-  const double transfer_seconds = Seconds(start);
-  const double transfer_cpu = CpuSeconds() - transfer_cpu_start;
-  if (!s.ok()) {
-    std::fprintf(stderr, "transfer failed: %s\n", s.error_message().c_str());
-    return 1;
+  // Rounds of: the baselines, then each transport (each moving the session
+  // to the other store). The machine's noise moves single runs by tens of
+  // percent, so the summary is each one's median over the rounds, and the
+  // ratio of those medians (throughput, transfer over baseline).
+  struct Run {
+    double seconds = 0, cpu = 0;
+  };
+  auto measure = [](auto&& copy) -> Run {
+    const double cpu = CpuSeconds();
+    const double seconds = copy();
+    return Run{seconds, CpuSeconds() - cpu};
+  };
+  const std::vector<std::string> baseline_names =
+      nccl ? std::vector<std::string>{"cudaMemcpyPeer cuda:0 -> cuda:1"}
+           : std::vector<std::string>{"raw TCP copy, hot 4 MiB buffers",
+                                      "raw TCP copy, memory to memory"};
+  // Resident copies of the bytes at both ends, touched before any copy.
+  std::vector<char> resident_from, resident_to;
+  if (!nccl) {
+    resident_from.assign(moved_bytes, 'k');
+    resident_to.assign(moved_bytes, 'v');
   }
-  const double raw_cpu_start = CpuSeconds();
-  const double raw_seconds = nccl ? PeerCopy(moved_bytes) : RawTcp(moved_bytes);
-  const double raw_cpu = CpuSeconds() - raw_cpu_start;
-  if (raw_seconds <= 0) {
-    std::fprintf(stderr, "the baseline copy failed\n");
-    return 1;
+  // [round][baseline or transport]
+  std::vector<std::vector<Run>> baselines(rounds), transfers(rounds);
+  Server* from = &source;
+  Server* to = &target;
+  for (int round = 0; round < rounds; ++round) {
+    for (size_t b = 0; b < baseline_names.size(); ++b) {
+      const Run run = measure([&] {
+        if (nccl) return PeerCopy(moved_bytes);
+        return b == 0 ? RawTcp(moved_bytes)
+                      : RawTcp(moved_bytes, resident_from.data(),
+                               resident_to.data());
+      });
+      if (run.seconds <= 0) {
+        std::fprintf(stderr, "the baseline copy failed\n");
+        return 1;
+      }
+      std::printf("round %d: %-32s %.3f s, %5.2f GB/s, %.2f CPU s\n", round,
+                  baseline_names[b].c_str(), run.seconds,
+                  moved_bytes / run.seconds / 1e9, run.cpu);
+      baselines[round].push_back(run);
+    }
+    for (const std::string& transport : transports) {
+      grpc::ChannelArguments args;
+      args.SetMaxReceiveMessageSize(kMessageBytes);
+      auto stub = v1::KvKeep::NewStub(grpc::CreateCustomChannel(
+          from->address(), grpc::InsecureChannelCredentials(), args));
+      grpc::ClientContext ctx;
+      v1::TransferSessionRequest request;
+      request.set_session_id(SessionName(id));
+      request.set_target(to->address());
+      request.set_transport(transport);
+      v1::TransferSessionResponse response;
+      grpc::Status s;
+      const Run run = measure([&] {
+        const auto start = std::chrono::steady_clock::now();
+        s = stub->TransferSession(&ctx, request, &response);
+        return Seconds(start);
+      });
+      if (!s.ok() || response.transport() != transport) {
+        std::fprintf(stderr, "transfer over %s failed: %s (went over '%s')\n",
+                     transport.c_str(), s.error_message().c_str(),
+                     response.transport().c_str());
+        return 1;
+      }
+      std::printf(
+          "round %d: TransferSession over %-5s %.3f s, %5.2f GB/s "
+          "(server-side %.3f s), %.2f CPU s\n",
+          round, transport.c_str(), run.seconds,
+          moved_bytes / run.seconds / 1e9, response.seconds(), run.cpu);
+      transfers[round].push_back(run);
+      std::swap(from, to);  // the next one moves it back
+    }
   }
-  const double transfer_gbps = moved_bytes / transfer_seconds / 1e9;
-  const double raw_gbps = moved_bytes / raw_seconds / 1e9;
-  std::printf(
-      "TransferSession (%s, %s target pool): %.3f s, %.2f GB/s "
-      "(server-side %.3f s), %.2f CPU s\n",
-      response.transport().c_str(), cold ? "cold" : "warm", transfer_seconds,
-      transfer_gbps, response.seconds(), transfer_cpu);
-  std::printf(
-      "%s %.3f s, %.2f GB/s, %.2f CPU s\n",
-      nccl ? "cudaMemcpyPeer cuda:0 -> cuda:1:" : "raw TCP copy:          ",
-      raw_seconds, raw_gbps, raw_cpu);
-  std::printf("ratio: %.2f of the raw copy's throughput\n",
-              transfer_gbps / raw_gbps);
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 == 1 ? v[v.size() / 2]
+                             : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  };
+  auto column = [&](const std::vector<std::vector<Run>>& runs, size_t i,
+                    auto&& of) {
+    std::vector<double> v;
+    for (const std::vector<Run>& r : runs) v.push_back(of(r[i]));
+    return v;
+  };
+  std::printf("\nmedians over %d rounds (%s target pool at first):\n", rounds,
+              cold ? "cold" : "warm");
+  for (size_t b = 0; b < baseline_names.size(); ++b) {
+    const double sec =
+        median(column(baselines, b, [](const Run& r) { return r.seconds; }));
+    std::printf(
+        "  %-40s %.3f s, %5.2f GB/s, %.2f CPU s\n", baseline_names[b].c_str(),
+        sec, moved_bytes / sec / 1e9,
+        median(column(baselines, b, [](const Run& r) { return r.cpu; })));
+  }
+  for (size_t t = 0; t < transports.size(); ++t) {
+    const double sec =
+        median(column(transfers, t, [](const Run& r) { return r.seconds; }));
+    std::printf(
+        "  TransferSession over %-19s %.3f s, %5.2f GB/s, %.2f CPU s",
+        transports[t].c_str(), sec, moved_bytes / sec / 1e9,
+        median(column(transfers, t, [](const Run& r) { return r.cpu; })));
+    for (size_t b = 0; b < baseline_names.size(); ++b) {
+      const double base =
+          median(column(baselines, b, [](const Run& r) { return r.seconds; }));
+      std::printf("; %.2f of %s", base / sec,
+                  b == 0 ? (nccl ? "the peer copy" : "the hot copy")
+                         : "memory to memory");
+    }
+    std::printf("\n");
+  }
   return 0;
 }
 
