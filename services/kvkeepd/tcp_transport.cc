@@ -262,54 +262,37 @@ absl::StatusOr<DataSocket> DataSocket::Connect(const std::string& host,
 DataSocket::DataSocket(int fd) : fd_(fd) { SetTimeouts(fd); }
 
 absl::Status DataSocket::Send(std::span<iovec> pieces, absl::Time deadline) {
-  size_t at = Advance(pieces, 0, 0);
-  while (at < pieces.size()) {
-    if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(
-          "data socket: the deadline passed while sending");
-    }
-    msghdr m{};
-    m.msg_iov = &pieces[at];
-    m.msg_iovlen = std::min<size_t>(IOV_MAX, pieces.size() - at);
-    const ssize_t n = sendmsg(fd_, &m, MSG_NOSIGNAL);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        if (absl::Now() >= deadline) {
-          return absl::DeadlineExceededError(
-              "data socket: the deadline passed while sending");
-        }
-        continue;
-      }
-      return Errno("send", errno);
-    }
-    at = Advance(pieces, at, static_cast<size_t>(n));
-  }
-  return absl::OkStatus();
+  return Move(pieces, deadline, /*sending=*/true);
 }
 
 absl::Status DataSocket::Receive(std::span<iovec> pieces, absl::Time deadline) {
-  size_t at = Advance(pieces, 0, 0);
-  while (at < pieces.size()) {
+  return Move(pieces, deadline, /*sending=*/false);
+}
+
+absl::Status DataSocket::Move(std::span<iovec> pieces, absl::Time deadline,
+                              bool sending) {
+  const char* what = sending ? "send" : "receive";
+  for (size_t at = Advance(pieces, 0, 0); at < pieces.size();) {
+    // Checked every time round: blocked calls wake every kWake to get here.
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
-          "data socket: the deadline passed while receiving");
+          absl::StrCat("data socket: the deadline passed during a ", what));
     }
-    const ssize_t n =
-        readv(fd_, &pieces[at],
-              static_cast<int>(std::min<size_t>(IOV_MAX, pieces.size() - at)));
+    const size_t count = std::min<size_t>(IOV_MAX, pieces.size() - at);
+    ssize_t n;
+    if (sending) {
+      msghdr m{};
+      m.msg_iov = &pieces[at];
+      m.msg_iovlen = count;
+      n = sendmsg(fd_, &m, MSG_NOSIGNAL);
+    } else {
+      n = readv(fd_, &pieces[at], static_cast<int>(count));
+    }
     if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        if (absl::Now() >= deadline) {
-          return absl::DeadlineExceededError(
-              "data socket: the deadline passed while receiving");
-        }
-        continue;
-      }
-      return Errno("receive", errno);
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+      return Errno(what, errno);
     }
-    if (n == 0) {
+    if (n == 0 && !sending) {
       return absl::UnavailableError(
           "data socket: the peer closed the connection");
     }

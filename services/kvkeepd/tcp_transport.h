@@ -95,6 +95,8 @@ class DataSocket {
   void Shutdown();
 
  private:
+  absl::Status Move(std::span<iovec> pieces, absl::Time deadline, bool sending);
+
   int fd_ = -1;
 };
 
