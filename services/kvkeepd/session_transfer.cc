@@ -900,6 +900,27 @@ grpc::ByteBuffer Serialize(const v1::TransferMessage& message) {
   return out;
 }
 
+// A chunk as its message would carry it (with the CRC32C of its bytes),
+// after the test-only fault hook has had it.
+v1::TransferChunk FaultedChunk(const SendOptions& options, int64_t index,
+                               int32_t layer, int64_t first,
+                               const SlotSpans& spans) {
+  v1::TransferChunk chunk;
+  chunk.set_layer(layer);
+  chunk.set_first_slot(first);
+  uint32_t crc = 0;
+  for (auto [side, out] : {std::pair{&spans.keys, chunk.mutable_keys()},
+                           std::pair{&spans.values, chunk.mutable_values()}}) {
+    for (std::span<const std::byte> piece : *side) {
+      crc = Crc32c(crc, piece);
+      out->append(reinterpret_cast<const char*>(piece.data()), piece.size());
+    }
+  }
+  chunk.set_crc32c(crc);
+  options.fault(index, chunk);
+  return chunk;
+}
+
 // The target's data socket, connected and told which transfer it carries.
 absl::StatusOr<DataSocket> ConnectData(const SendOptions& options,
                                        const v1::TransferReply& ready) {
@@ -962,20 +983,7 @@ absl::Status SendOverSocket(const SessionSnapshot& snapshot,
       v1::TransferChunk faulty;
       std::optional<uint32_t> claimed;
       if (options.fault) {
-        uint32_t crc = 0;
-        faulty.set_layer(layer);
-        faulty.set_first_slot(first);
-        for (auto [side, out] :
-             {std::pair{&spans.keys, faulty.mutable_keys()},
-              std::pair{&spans.values, faulty.mutable_values()}}) {
-          for (std::span<const std::byte> piece : *side) {
-            crc = Crc32c(crc, piece);
-            out->append(reinterpret_cast<const char*>(piece.data()),
-                        piece.size());
-          }
-        }
-        faulty.set_crc32c(crc);
-        options.fault(chunk_index, faulty);
+        faulty = FaultedChunk(options, chunk_index, layer, first, spans);
         claimed = faulty.crc32c();
         spans.keys = {
             std::as_writable_bytes(std::span(*faulty.mutable_keys()))};
@@ -1348,13 +1356,9 @@ SendResult SendSession(const SessionSnapshot& snapshot, const SlotReader& read,
         grpc::ByteBuffer bytes;
         if (options.fault) {
           v1::TransferMessage faulty;
-          v1::TransferChunk* chunk = faulty.mutable_chunk();
-          chunk->set_layer(layer_index);
-          chunk->set_first_slot(first);
-          chunk->set_keys(m.keys().data(), m.keys().size());
-          chunk->set_values(m.values().data(), m.values().size());
-          chunk->set_crc32c(crc);
-          options.fault(chunk_index, *chunk);
+          *faulty.mutable_chunk() =
+              FaultedChunk(options, chunk_index, layer_index, first,
+                           SlotSpans{{m.keys()}, {m.values()}});
           bytes = Serialize(faulty);
         } else {
           bytes = std::move(m).Finish(crc);

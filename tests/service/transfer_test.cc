@@ -316,45 +316,22 @@ TEST(TransferTest, TheTransportIsChosenPerTransfer) {
   EXPECT_EQ(response.transport(), "tcp");
 }
 
-// A target without a data socket: "auto" sends chunk messages; "tcp" is
-// refused before any byte moves, saying why.
-TEST(TransferTest, ATargetWithoutADataSocketTakesChunkMessages) {
-  Store source(256), target(256, {}, {}, 8, /*data_listen=*/"");
+// Against a target whose data socket cannot serve this transfer: "tcp" is
+// refused with `code` and `why`, the session still serving here and nothing
+// held there; then "auto" sends chunk messages on the stream, which the
+// target takes, byte for byte.
+void ExpectTcpRefusedAndChunksTaken(Store& target, grpc::StatusCode code,
+                                    const std::string& why) {
+  Store source(256);
   std::mt19937 rng(8);
   const client::Session s = Decoded(source, "tova", rng);
-  const LayerKvCopy before =
-      *source.store().ReadLayer(*ParseSessionName(s.id()), 1);
-  v1::TransferSessionResponse response;
-  grpc::Status status = Transfer(source, s.id(), target.address(), &response,
-                                 "", absl::Seconds(60), "tcp");
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
-      << status.error_message();
-  EXPECT_THAT(status.error_message(), HasSubstr("no data socket"));
-  ExpectServedUnchanged(source, s, before, rng);
-  EXPECT_TRUE(Emptied(target));
-
-  status = Transfer(source, s.id(), target.address(), &response);
-  ASSERT_TRUE(status.ok()) << status.error_message();
-  EXPECT_EQ(response.transport(), "host");
-  EXPECT_TRUE(target.store().GetStats(*ParseSessionName(s.id())).ok());
-}
-
-// A data socket the sender cannot reach (here: it listens on another
-// loopback address than the target's gRPC one): "tcp" fails with the
-// session still here and nothing held on the target; "auto" falls back to
-// chunk messages on the same stream, which the target then takes.
-TEST(TransferTest, AnUnreachableDataSocketFallsBackToChunkMessages) {
-  Store source(256), target(256, {}, {}, 8, /*data_listen=*/"127.0.0.2:0");
-  std::mt19937 rng(9);
-  const client::Session s = Decoded(source, "h2o", rng);
   const SessionId id = *ParseSessionName(s.id());
   const LayerKvCopy before = *source.store().ReadLayer(id, 1);
   v1::TransferSessionResponse response;
   grpc::Status status = Transfer(source, s.id(), target.address(), &response,
                                  "", absl::Seconds(60), "tcp");
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE)
-      << status.error_message();
-  EXPECT_THAT(status.error_message(), HasSubstr("transport 'tcp'"));
+  EXPECT_EQ(status.error_code(), code) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr(why));
   ExpectServedUnchanged(source, s, before, rng);
   EXPECT_TRUE(Emptied(target));
 
@@ -362,9 +339,26 @@ TEST(TransferTest, AnUnreachableDataSocketFallsBackToChunkMessages) {
   status = Transfer(source, s.id(), target.address(), &response);
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(response.transport(), "host");
-  const LayerKvCopy arrived = *target.store().ReadLayer(id, 1);
-  EXPECT_EQ(arrived.positions, sent.positions);
-  EXPECT_TRUE(arrived.keys == sent.keys && arrived.values == sent.values);
+  absl::StatusOr<LayerKvCopy> arrived = target.store().ReadLayer(id, 1);
+  ASSERT_TRUE(arrived.ok()) << arrived.status();
+  EXPECT_EQ(arrived->positions, sent.positions);
+  EXPECT_TRUE(arrived->keys == sent.keys && arrived->values == sent.values);
+}
+
+// A target without a data socket refuses "tcp" before any byte moves.
+TEST(TransferTest, ATargetWithoutADataSocketTakesChunkMessages) {
+  Store target(256, {}, {}, 8, /*data_listen=*/"");
+  ExpectTcpRefusedAndChunksTaken(target, grpc::StatusCode::FAILED_PRECONDITION,
+                                 "no data socket");
+}
+
+// A data socket the sender cannot reach (here: it listens on another
+// loopback address than the target's gRPC one): "tcp" fails; "auto" falls
+// back to chunk messages on the same stream.
+TEST(TransferTest, AnUnreachableDataSocketFallsBackToChunkMessages) {
+  Store target(256, {}, {}, 8, /*data_listen=*/"127.0.0.2:0");
+  ExpectTcpRefusedAndChunksTaken(target, grpc::StatusCode::UNAVAILABLE,
+                                 "transport 'tcp'");
 }
 
 // Connections to the data socket that present no ticket, or one it never
