@@ -211,12 +211,11 @@ absl::StatusOr<SessionSnapshot> CacheStore::FreezeForTransfer(SessionId id) {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(id);
     if (it == sessions_.end()) {
-      return absl::NotFoundError(
-          absl::StrCat("session ", SessionName(id), " not found"));
+      return absl::NotFoundError(absl::StrCat(SessionLabel(id), " not found"));
     }
     if (it->second->transferring.exchange(true)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "session ", SessionName(id), " is already being transferred"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(SessionLabel(id), " is already being transferred"));
     }
   }
   // An operation that began before the freeze finishes first (the lock).
@@ -233,7 +232,7 @@ absl::Status CacheStore::FinishTransfer(SessionId id, bool committed) {
   if (!entry.ok()) return entry.status();
   if (!(*entry)->transferring) {
     return absl::FailedPreconditionError(
-        absl::StrCat("session ", SessionName(id), " is not being transferred"));
+        absl::StrCat(SessionLabel(id), " is not being transferred"));
   }
   if (committed) return Close(id, /*transferred=*/true);
   (*entry)->transferring = false;
@@ -244,8 +243,7 @@ absl::Status CacheStore::PendingImport::Write(
     int32_t layer, std::span<const std::byte> keys,
     std::span<const std::byte> values) {
   if (layer < 0 || layer >= static_cast<int32_t>(written_.size())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("session ", SessionName(id()), ": no layer ", layer));
+    return absl::InvalidArgumentError(SessionMessage(id(), "no layer ", layer));
   }
   const int64_t token_bytes = session_->layout().page_layout().token_bytes();
   absl::Status s = session_->WriteSlots(layer, written_[layer], keys, values);
@@ -258,9 +256,8 @@ absl::Status CacheStore::PendingImport::Fill(int32_t layer, int64_t n,
                                              const SlotFill& fill) {
   if (layer < 0 || layer >= static_cast<int32_t>(written_.size()) || n < 0 ||
       written_[layer] + n > snapshot_.layers[layer].resident()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("session ", SessionName(id()), ": layer ", layer, ": ", n,
-                     " slots do not fit what it reserved"));
+    return absl::InvalidArgumentError(SessionMessage(
+        id(), "layer ", layer, ": ", n, " slots do not fit what it reserved"));
   }
   if (absl::Status s =
           fill(session_->memory(), session_->layout().page_layout(),
@@ -292,8 +289,8 @@ CacheStore::PrepareImport(SessionSnapshot snapshot) {
   {
     absl::MutexLock lock(&mu_);
     if (sessions_.contains(snapshot.id)) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "session ", SessionName(snapshot.id), " already exists here"));
+      return absl::AlreadyExistsError(
+          absl::StrCat(SessionLabel(snapshot.id), " already exists here"));
     }
     absl::StatusOr<std::shared_ptr<PageQuota>> q = Admit(snapshot.tenant);
     if (!q.ok()) return q.status();
@@ -311,16 +308,15 @@ CacheStore::PrepareImport(SessionSnapshot snapshot) {
 absl::StatusOr<SessionId> CacheStore::CommitImport(
     std::unique_ptr<PendingImport> pending) {
   if (!pending->complete()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("session ", SessionName(pending->id()),
-                     ": not every layer's keys and values have arrived"));
+    return absl::FailedPreconditionError(SessionMessage(
+        pending->id(), "not every layer's keys and values have arrived"));
   }
   const SessionSnapshot& snapshot = pending->snapshot_;
   absl::MutexLock lock(&mu_);
   // Checked again: another import or create may have come in between.
   if (sessions_.contains(snapshot.id)) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "session ", SessionName(snapshot.id), " already exists here"));
+    return absl::AlreadyExistsError(
+        absl::StrCat(SessionLabel(snapshot.id), " already exists here"));
   }
   if (absl::Status s = Admit(snapshot.tenant).status(); !s.ok()) return s;
   Register(std::move(pending->session_), snapshot.tenant, snapshot.policy, "");
@@ -332,8 +328,7 @@ absl::StatusOr<std::shared_ptr<CacheStore::Entry>> CacheStore::Find(
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("session ", SessionName(id), " not found"));
+    return absl::NotFoundError(absl::StrCat(SessionLabel(id), " not found"));
   }
   return it->second;
 }
@@ -346,8 +341,7 @@ auto CacheStore::WithEntry(SessionId id, Fn fn)
   absl::MutexLock lock(&(*entry)->mu);
   // Closed between Find and the lock: the session is gone.
   if ((*entry)->session == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat("session ", SessionName(id), " not found"));
+    return absl::NotFoundError(absl::StrCat(SessionLabel(id), " not found"));
   }
   return fn(**entry, *(*entry)->session);
 }
@@ -364,7 +358,7 @@ auto CacheStore::Work(SessionId id, StoreOperation op, Fn fn)
   return WithEntry(id, [&](const Entry& entry, Session& session) {
     if (entry.transferring) {
       return decltype(fn(session))(absl::UnavailableError(absl::StrCat(
-          "session ", SessionName(entry.info.id),
+          SessionLabel(entry.info.id),
           " is being transferred to another store; it takes no changes "
           "until the transfer is done")));
     }
@@ -400,12 +394,11 @@ absl::Status CacheStore::Close(SessionId id, bool transferred) {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(id);
     if (it == sessions_.end()) {
-      return absl::NotFoundError(
-          absl::StrCat("session ", SessionName(id), " not found"));
+      return absl::NotFoundError(absl::StrCat(SessionLabel(id), " not found"));
     }
     if (it->second->transferring && !transferred) {
       return absl::UnavailableError(
-          absl::StrCat("session ", SessionName(id),
+          absl::StrCat(SessionLabel(id),
                        " is being transferred to another store; retry once "
                        "the transfer is done"));
     }

@@ -197,10 +197,10 @@ absl::Status Session::WriteSlots(int32_t index, int64_t first,
   const int64_t n = static_cast<int64_t>(keys.size()) / token_bytes;
   if (static_cast<int64_t>(keys.size()) != n * token_bytes ||
       values.size() != keys.size() || first < 0 || first + n > layer.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "session ", SessionName(id_), ": layer ", index, ": ", keys.size(),
-        " key and ", values.size(), " value bytes at slot ", first,
-        " do not fit its ", layer.size(), " slots of ", token_bytes, " bytes"));
+    return absl::InvalidArgumentError(SessionMessage(
+        id_, "layer ", index, ": ", keys.size(), " key and ", values.size(),
+        " value bytes at slot ", first, " do not fit its ", layer.size(),
+        " slots of ", token_bytes, " bytes"));
   }
   return DeviceCheck(pool_->memory().WriteSlots(
       page_layout_, layer.pages, first, n, keys.data(), values.data()));
@@ -215,10 +215,10 @@ absl::Status Session::ReadSlots(int32_t index, int64_t first, int64_t n,
   if (first < 0 || n < 0 || first + n > layer.size() ||
       static_cast<int64_t>(keys.size()) != n * token_bytes ||
       values.size() != keys.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "session ", SessionName(id_), ": layer ", index, ": slots [", first,
-        ", ", first + n, ") into ", keys.size(), " bytes: outside its ",
-        layer.size(), " slots or the wrong size"));
+    return absl::InvalidArgumentError(SessionMessage(
+        id_, "layer ", index, ": slots [", first, ", ", first + n, ") into ",
+        keys.size(), " bytes: outside its ", layer.size(),
+        " slots or the wrong size"));
   }
   return DeviceCheck(pool_->memory().ReadSlots(page_layout_, layer.pages, first,
                                                n, keys.data(), values.data()));
@@ -300,10 +300,9 @@ StepResult Session::EmptyResult() const {
 absl::Status Session::DeviceCheck(absl::Status status) const {
   if (status.ok() || !device_error_.ok()) return device_error_;
   device_error_ = absl::DataLossError(
-      absl::StrCat("session ", SessionName(id_), ": its pages on ",
-                   pool_->memory().device().name(),
-                   " are in an unknown state after a device error (",
-                   status.ToString(), "); close the session"));
+      SessionMessage(id_, "its pages on ", pool_->memory().device().name(),
+                     " are in an unknown state after a device error (",
+                     status.ToString(), "); close the session"));
   return device_error_;
 }
 
@@ -353,19 +352,18 @@ absl::Status Session::ValidateAppend(const AppendRequest& request) const {
   const int64_t n = static_cast<int64_t>(request.positions.size());
   if (n == 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("session ", SessionName(id_), ": append of zero tokens"));
+        SessionMessage(id_, "append of zero tokens"));
   }
   if (static_cast<int32_t>(request.layers.size()) != layout_.num_layers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "session ", SessionName(id_), ": append has ", request.layers.size(),
-        " layers, layout '", layout_.name, "' has ", layout_.num_layers));
+    return absl::InvalidArgumentError(SessionMessage(
+        id_, "append has ", request.layers.size(), " layers, layout '",
+        layout_.name, "' has ", layout_.num_layers));
   }
   int64_t previous = last_position_;
   for (int64_t i = 0; i < n; ++i) {
     if (request.positions[i] <= previous) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "session ", SessionName(id_),
-          ": positions must strictly increase; token ", i, " has position ",
+      return absl::InvalidArgumentError(SessionMessage(
+          id_, "positions must strictly increase; token ", i, " has position ",
           request.positions[i], " after ", previous));
     }
     previous = request.positions[i];
@@ -375,12 +373,11 @@ absl::Status Session::ValidateAppend(const AppendRequest& request) const {
     const LayerKv& kv = request.layers[l];
     if (static_cast<int64_t>(kv.keys.size()) != n * token_bytes ||
         static_cast<int64_t>(kv.values.size()) != n * token_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "session ", SessionName(id_), ": layer ", l, " keys/values have ",
-          kv.keys.size(), "/", kv.values.size(), " bytes, expected ",
-          n * token_bytes, " each (", n, " tokens x ", layout_.kv_heads,
-          " kv heads x ", layout_.head_dim, " x ",
-          std::string(DTypeName(layout_.dtype)), ")"));
+      return absl::InvalidArgumentError(SessionMessage(
+          id_, "layer ", l, " keys/values have ", kv.keys.size(), "/",
+          kv.values.size(), " bytes, expected ", n * token_bytes, " each (", n,
+          " tokens x ", layout_.kv_heads, " kv heads x ", layout_.head_dim,
+          " x ", std::string(DTypeName(layout_.dtype)), ")"));
     }
   }
 
@@ -452,9 +449,8 @@ absl::StatusOr<StepResult> Session::ApplyAppend(const AppendRequest& request) {
   // Pages first, all or nothing, so a full pool changes nothing.
   std::vector<PageId> new_pages;
   if (absl::Status s = AllocatePages(pages_needed, &new_pages); !s.ok()) {
-    return absl::Status(
-        s.code(), absl::StrCat("session ", SessionName(id_), ": append of ", n,
-                               " tokens: ", s.message()));
+    return absl::Status(s.code(), SessionMessage(id_, "append of ", n,
+                                                 " tokens: ", s.message()));
   }
 
   StepResult result = EmptyResult();
@@ -515,9 +511,8 @@ absl::StatusOr<StepResult> Session::ApplyAppend(const AppendRequest& request) {
 
 absl::Status Session::CheckLayerIndex(int32_t layer) const {
   if (layer < 0 || layer >= layout_.num_layers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("session ", SessionName(id_), ": layer ", layer,
-                     " is outside [0, ", layout_.num_layers, ")"));
+    return absl::InvalidArgumentError(SessionMessage(
+        id_, "layer ", layer, " is outside [0, ", layout_.num_layers, ")"));
   }
   return absl::OkStatus();
 }
@@ -536,45 +531,43 @@ absl::Status Session::PrepareAttention(std::span<const LayerScores> scores,
   for (const LayerScores& in : scores) {
     if (absl::Status s = CheckLayerIndex(in.layer); !s.ok()) return s;
     if (std::exchange(seen[in.layer], 1) != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("session ", SessionName(id_), ": layer ", in.layer,
-                       " appears twice in one step"));
+      return absl::InvalidArgumentError(SessionMessage(
+          id_, "layer ", in.layer, " appears twice in one step"));
     }
     const Layer& layer = layers_[in.layer];
     if (in.version != layer.version) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "session ", SessionName(id_), ": stale version for layer ", in.layer,
+      return absl::FailedPreconditionError(SessionMessage(
+          id_, "stale version for layer ", in.layer,
           ": attention was computed at version ", in.version,
           ", the layer is at version ", layer.version,
           " (its slots changed since; recompute over the current block "
           "table)"));
     }
     if (growth > 0 && Excess(layer) > 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "session ", SessionName(id_), ": layer ", in.layer,
-          " is over budget (its last ",
+      return absl::FailedPreconditionError(SessionMessage(
+          id_, "layer ", in.layer, " is over budget (its last ",
           "scores never came), so appending would evict first and the step's "
           "attention would not match the slots; send scores without an "
           "append"));
     }
     const int64_t n = layer.size() + growth;
     if (in.rows < 1 || in.rows > n) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "session ", SessionName(id_), ": layer ", in.layer,
-          ": rows = ", in.rows, " must be in [1, resident tokens = ", n, "]"));
+      return absl::InvalidArgumentError(
+          SessionMessage(id_, "layer ", in.layer, ": rows = ", in.rows,
+                         " must be in [1, resident tokens = ", n, "]"));
     }
     if (in.source == ScoreSource::kQueries && layout_.keys_pre_rope) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "session ", SessionName(id_), ": layout '", layout_.name,
+      return absl::FailedPreconditionError(SessionMessage(
+          id_, "layout '", layout_.name,
           "' stores keys before RoPE, so the store cannot score queries "
           "against them; send attention probabilities"));
     }
     const int64_t expected = ExpectedFloats(in.source, in.rows, n);
     if (static_cast<int64_t>(in.data.size()) != expected) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "session ", SessionName(id_), ": layer ", in.layer, ": ",
-          SourceName(in.source), " have ", in.data.size(), " floats, expected ",
-          expected, " = ", ShapeText(in.source, in.rows, n)));
+      return absl::InvalidArgumentError(
+          SessionMessage(id_, "layer ", in.layer, ": ", SourceName(in.source),
+                         " have ", in.data.size(), " floats, expected ",
+                         expected, " = ", ShapeText(in.source, in.rows, n)));
     }
     // Head-reduced rows are used where they lie; the rest need scratch.
     offsets.push_back(total);
@@ -592,9 +585,8 @@ absl::Status Session::PrepareAttention(std::span<const LayerScores> scores,
     if (in.source == ScoreSource::kQueries) {
       for (float q : in.data) {
         if (!std::isfinite(q)) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("session ", SessionName(id_), ": layer ", in.layer,
-                           ": queries contain a non-finite value"));
+          return absl::InvalidArgumentError(SessionMessage(
+              id_, "layer ", in.layer, ": queries contain a non-finite value"));
         }
       }
       // Query row r belongs to the token that arrived (rows - 1 - r) before
@@ -605,9 +597,9 @@ absl::Status Session::PrepareAttention(std::span<const LayerScores> scores,
       for (int64_t a : layer.arrival) found += a >= oldest ? 1 : 0;
       if (found != in.rows) {
         return absl::FailedPreconditionError(
-            absl::StrCat("session ", SessionName(id_), ": layer ", in.layer,
-                         ": ", in.rows, " query rows need the last ", in.rows,
-                         " appended tokens resident; ", found, " are"));
+            SessionMessage(id_, "layer ", in.layer, ": ", in.rows,
+                           " query rows need the last ", in.rows,
+                           " appended tokens resident; ", found, " are"));
       }
       continue;
     }
@@ -623,22 +615,20 @@ absl::Status Session::PrepareAttention(std::span<const LayerScores> scores,
     }
     if (std::isnan(check.min_value) || !std::isfinite(check.max_row_sum)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("session ", SessionName(id_), ": layer ", in.layer, ": ",
-                       SourceName(in.source), " contain NaN or infinity"));
+          SessionMessage(id_, "layer ", in.layer, ": ", SourceName(in.source),
+                         " contain NaN or infinity"));
     }
     if (check.min_value < 0.0f) {
       return absl::InvalidArgumentError(
-          absl::StrCat("session ", SessionName(id_), ": layer ", in.layer, ": ",
-                       SourceName(in.source), " contain a negative value (",
-                       check.min_value, ")"));
+          SessionMessage(id_, "layer ", in.layer, ": ", SourceName(in.source),
+                         " contain a negative value (", check.min_value, ")"));
     }
     if (check.max_row_sum > max_sum) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("session ", SessionName(id_), ": layer ", in.layer, ": ",
-                       SourceName(in.source), " have a row summing to ",
-                       check.max_row_sum, ", more than ", max_sum,
-                       " (attention over resident tokens sums to at most 1 per "
-                       "head)"));
+      return absl::InvalidArgumentError(SessionMessage(
+          id_, "layer ", in.layer, ": ", SourceName(in.source),
+          " have a row summing to ", check.max_row_sum, ", more than ", max_sum,
+          " (attention over resident tokens sums to at most 1 per "
+          "head)"));
     }
   }
   return absl::OkStatus();
@@ -699,9 +689,9 @@ absl::StatusOr<StepOutcome> Session::Step(const AppendRequest& append,
     return StepOutcome{EmptyResult(), *std::move(result)};
   }
   if (!scores.empty() && policy_->trigger() != EvictionTrigger::kOnAttention) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "session ", SessionName(id_), ": policy '", policy_->name(),
-        "' does not use per-step attention scores"));
+    return absl::FailedPreconditionError(
+        SessionMessage(id_, "policy '", policy_->name(),
+                       "' does not use per-step attention scores"));
   }
   // Everything that can fail is checked before the append, so a refused step
   // changes nothing.
@@ -724,9 +714,9 @@ absl::StatusOr<StepOutcome> Session::Step(const AppendRequest& append,
 absl::StatusOr<StepResult> Session::UpdateScores(
     std::span<const LayerScores> scores) {
   if (policy_->trigger() != EvictionTrigger::kOnAttention) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "session ", SessionName(id_), ": policy '", policy_->name(),
-        "' does not use per-step attention scores"));
+    return absl::FailedPreconditionError(
+        SessionMessage(id_, "policy '", policy_->name(),
+                       "' does not use per-step attention scores"));
   }
   if (!device_error_.ok()) return device_error_;
   AttentionScratch& scratch = ThreadScratch();
@@ -743,28 +733,27 @@ absl::StatusOr<StepResult> Session::UpdateScores(
 absl::StatusOr<StepResult> Session::CompressPrompt(
     std::span<const LayerScores> window) {
   if (policy_->trigger() != EvictionTrigger::kOnCompress) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "session ", SessionName(id_), ": policy '", policy_->name(),
-        "' does not compress prompts (use snapkv)"));
+    return absl::FailedPreconditionError(
+        SessionMessage(id_, "policy '", policy_->name(),
+                       "' does not compress prompts (use snapkv)"));
   }
   if (compressed_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "session ", SessionName(id_), ": the prompt was already compressed"));
+    return absl::FailedPreconditionError(
+        SessionMessage(id_, "the prompt was already compressed"));
   }
   if (window.size() != layers_.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("session ", SessionName(id_),
-                     ": compression is one-shot and needs the "
-                     "window of every layer once: got ",
-                     window.size(), " of ", layers_.size(), " layers"));
+        SessionMessage(id_,
+                       "compression is one-shot and needs the "
+                       "window of every layer once: got ",
+                       window.size(), " of ", layers_.size(), " layers"));
   }
   const int64_t window_rows = policy_->common().recent;
   for (const LayerScores& in : window) {
     if (in.rows != window_rows) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("session ", SessionName(id_), ": layer ", in.layer,
-                       ": compression needs the ", window_rows,
-                       " rows of the observation window, got ", in.rows));
+      return absl::InvalidArgumentError(SessionMessage(
+          id_, "layer ", in.layer, ": compression needs the ", window_rows,
+          " rows of the observation window, got ", in.rows));
     }
   }
   if (!device_error_.ok()) return device_error_;

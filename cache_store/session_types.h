@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "cache_store/budget.h"
 #include "cache_store/policy_params.h"
 #include "kernels/compaction.h"
@@ -25,6 +27,21 @@ using SessionId = uint64_t;
 std::string SessionName(SessionId id);
 // The inverse; nullopt unless `name` is exactly 16 hex digits.
 std::optional<SessionId> ParseSessionName(std::string_view name);
+
+// Every message about one session names it first, the same way, so a log can
+// be searched by id:
+//   SessionMessage(id, "layer ", l, " is outside ...")
+//       -> "session 00000000000000ab: layer 3 is outside ..."
+//   absl::StrCat(SessionLabel(id), " not found")
+//       -> "session 00000000000000ab not found"
+std::string SessionLabel(SessionId id);  // "session <SessionName(id)>"
+template <typename... Parts>
+std::string SessionMessage(SessionId id, const Parts&... parts) {
+  return absl::StrCat(SessionLabel(id), ": ", parts...);
+}
+// `status` with its message in SessionMessage form and its code kept (OK
+// stays OK): for an error from below that does not know the session.
+absl::Status InSession(SessionId id, const absl::Status& status);
 
 struct SessionSpec {
   std::string layout;  // name of a layout the store serves
