@@ -2,20 +2,15 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/attention.h"
+#include "cache_store/score_input.h"
 
 namespace kvkeep {
 namespace {
-
-// A probability row may exceed 1 by rounding only (bf16 attention sums to
-// 1 +- 0.4%); anything past this is a bug in the caller's input.
-constexpr float kRowSumTolerance = 1e-2f;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -48,47 +43,7 @@ AttentionScratch& ThreadScratch() {
   return scratch;
 }
 
-absl::string_view SourceName(ScoreSource s) {
-  switch (s) {
-    case ScoreSource::kPerHead:
-      return "per-head probabilities";
-    case ScoreSource::kReduced:
-      return "head-reduced probabilities";
-    case ScoreSource::kQueries:
-      return "queries";
-  }
-  return "?";
-}
-
 }  // namespace
-
-int64_t Session::ExpectedFloats(ScoreSource source, int32_t rows,
-                                int64_t resident) const {
-  switch (source) {
-    case ScoreSource::kPerHead:
-      return int64_t{layout_.query_heads} * rows * resident;
-    case ScoreSource::kReduced:
-      return int64_t{rows} * resident;
-    case ScoreSource::kQueries:
-      return int64_t{rows} * layout_.query_heads * layout_.head_dim;
-  }
-  return -1;
-}
-
-std::string Session::ShapeText(ScoreSource source, int32_t rows,
-                               int64_t resident) const {
-  switch (source) {
-    case ScoreSource::kPerHead:
-      return absl::StrCat("[query_heads ", layout_.query_heads, "][rows ", rows,
-                          "][resident ", resident, "]");
-    case ScoreSource::kReduced:
-      return absl::StrCat("[rows ", rows, "][resident ", resident, "]");
-    case ScoreSource::kQueries:
-      return absl::StrCat("[rows ", rows, "][query_heads ", layout_.query_heads,
-                          "][head_dim ", layout_.head_dim, "]");
-  }
-  return "?";
-}
 
 absl::StatusOr<std::unique_ptr<Session>> Session::Create(
     SessionId id, const ModelLayout& layout, PagePool* pool, PolicyPtr policy,
@@ -517,6 +472,10 @@ absl::Status Session::CheckLayerIndex(int32_t layer) const {
   return absl::OkStatus();
 }
 
+ScoreInputShape Session::InputShape(int64_t resident) const {
+  return ScoreInputShape{layout_.query_heads, layout_.head_dim, resident};
+}
+
 absl::Status Session::PrepareAttention(std::span<const LayerScores> scores,
                                        int64_t growth,
                                        std::vector<float>& rows_out,
@@ -551,23 +510,14 @@ absl::Status Session::PrepareAttention(std::span<const LayerScores> scores,
           "append"));
     }
     const int64_t n = layer.size() + growth;
-    if (in.rows < 1 || in.rows > n) {
-      return absl::InvalidArgumentError(
-          SessionMessage(id_, "layer ", in.layer, ": rows = ", in.rows,
-                         " must be in [1, resident tokens = ", n, "]"));
-    }
     if (in.source == ScoreSource::kQueries && layout_.keys_pre_rope) {
       return absl::FailedPreconditionError(SessionMessage(
           id_, "layout '", layout_.name,
           "' stores keys before RoPE, so the store cannot score queries "
           "against them; send attention probabilities"));
     }
-    const int64_t expected = ExpectedFloats(in.source, in.rows, n);
-    if (static_cast<int64_t>(in.data.size()) != expected) {
-      return absl::InvalidArgumentError(
-          SessionMessage(id_, "layer ", in.layer, ": ", SourceName(in.source),
-                         " have ", in.data.size(), " floats, expected ",
-                         expected, " = ", ShapeText(in.source, in.rows, n)));
+    if (absl::Status s = CheckScoreShape(in, InputShape(n)); !s.ok()) {
+      return InSession(id_, s);
     }
     // Head-reduced rows are used where they lie; the rest need scratch.
     offsets.push_back(total);
@@ -582,13 +532,14 @@ absl::Status Session::PrepareAttention(std::span<const LayerScores> scores,
     const int64_t n = layer.size() + growth;
     float* out = rows_out.data() + offsets[i];
     rows.push_back(in.source == ScoreSource::kReduced ? in.data.data() : out);
+    // Per-head rows are summed into `out` as they are checked.
+    const std::span<float> head_sums(
+        out, in.source == ScoreSource::kPerHead ? int64_t{in.rows} * n : 0);
+    if (absl::Status s = CheckScoreValues(in, InputShape(n), head_sums);
+        !s.ok()) {
+      return InSession(id_, s);
+    }
     if (in.source == ScoreSource::kQueries) {
-      for (float q : in.data) {
-        if (!std::isfinite(q)) {
-          return absl::InvalidArgumentError(SessionMessage(
-              id_, "layer ", in.layer, ": queries contain a non-finite value"));
-        }
-      }
       // Query row r belongs to the token that arrived (rows - 1 - r) before
       // the newest; those tokens must be resident (an append's new tokens
       // will be: the layer is not over budget).
@@ -601,34 +552,6 @@ absl::Status Session::PrepareAttention(std::span<const LayerScores> scores,
                            " query rows need the last ", in.rows,
                            " appended tokens resident; ", found, " are"));
       }
-      continue;
-    }
-    RowCheck check;
-    float max_sum;
-    if (in.source == ScoreSource::kPerHead) {
-      check = ReduceHeads(in.data.data(), layout_.query_heads, in.rows, n, out);
-      max_sum = 1.0f + kRowSumTolerance;
-    } else {
-      check = CheckRows(in.data.data(), in.rows, n);
-      max_sum =
-          static_cast<float>(layout_.query_heads) * (1.0f + kRowSumTolerance);
-    }
-    if (std::isnan(check.min_value) || !std::isfinite(check.max_row_sum)) {
-      return absl::InvalidArgumentError(
-          SessionMessage(id_, "layer ", in.layer, ": ", SourceName(in.source),
-                         " contain NaN or infinity"));
-    }
-    if (check.min_value < 0.0f) {
-      return absl::InvalidArgumentError(
-          SessionMessage(id_, "layer ", in.layer, ": ", SourceName(in.source),
-                         " contain a negative value (", check.min_value, ")"));
-    }
-    if (check.max_row_sum > max_sum) {
-      return absl::InvalidArgumentError(SessionMessage(
-          id_, "layer ", in.layer, ": ", SourceName(in.source),
-          " have a row summing to ", check.max_row_sum, ", more than ", max_sum,
-          " (attention over resident tokens sums to at most 1 per "
-          "head)"));
     }
   }
   return absl::OkStatus();

@@ -21,6 +21,7 @@
 #include "cache_store/page_pool.h"
 #include "cache_store/page_quota.h"
 #include "cache_store/policy_registry.h"
+#include "cache_store/score_input.h"
 #include "cache_store/session_snapshot.h"
 #include "cache_store/session_types.h"
 #include "cache_store/store_observer.h"
@@ -152,11 +153,9 @@ class Session {
   // Appends a validated request; fails (changing nothing) only when the pool
   // cannot give the pages.
   absl::StatusOr<StepResult> ApplyAppend(const AppendRequest& request);
-  // Floats a score input of `source` must hold, and its shape for messages.
-  int64_t ExpectedFloats(ScoreSource source, int32_t rows,
-                         int64_t resident) const;
-  std::string ShapeText(ScoreSource source, int32_t rows,
-                        int64_t resident) const;
+  // What a layer's score input is checked against (score_input.h) when its
+  // rows run over `resident` slots.
+  ScoreInputShape InputShape(int64_t resident) const;
   // Validates `scores` as they will apply after `growth` more tokens are
   // appended, and points rows[i] at entry i's head-summed rows: the caller's
   // own buffer for head-reduced input, else space in rows_out, filled now for
