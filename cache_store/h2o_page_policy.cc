@@ -65,7 +65,7 @@ class H2OPagePolicy final : public EvictionPolicy {
 }  // namespace
 
 PolicyPtr NewH2OPagePolicy(ParamReader& params) {
-  return std::make_shared<H2OPagePolicy>(params.Common(0, 0));
+  return std::make_shared<H2OPagePolicy>(params.Common());
 }
 
 }  // namespace kvkeep

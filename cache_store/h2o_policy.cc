@@ -38,7 +38,7 @@ class H2OPolicy final : public EvictionPolicy {
 }  // namespace
 
 PolicyPtr NewH2OPolicy(ParamReader& params) {
-  return std::make_shared<H2OPolicy>(params.Common(0, 0));
+  return std::make_shared<H2OPolicy>(params.Common());
 }
 
 }  // namespace kvkeep

@@ -61,12 +61,59 @@ std::string ParamReader::Choice(
   return std::string(def);
 }
 
-CommonParams ParamReader::Common(int64_t default_sinks,
-                                 int64_t default_recent) {
+const ParamSpec* ParamReader::Known(absl::string_view key, ParamType type) {
+  for (const ParamSpec& p : known_) {
+    if (p.name == key && p.type == type) return &p;
+  }
+  if (error_.ok()) {
+    error_ = absl::InternalError(
+        absl::StrCat("policy '", spec_.name, "' reads parameter '", key,
+                     "', which its table does not list with that type"));
+  }
+  return nullptr;
+}
+
+int64_t ParamReader::Int(absl::string_view key) {
+  const ParamSpec* p = Known(key, ParamType::kInt);
+  int64_t def = 0;
+  if (p == nullptr) return def;
+  if (!absl::SimpleAtoi(p->default_text, &def)) {
+    Fail(absl::StrCat("the default of ", key, " is not an integer"));
+  }
+  return Int(key, def, static_cast<int64_t>(p->min),
+             static_cast<int64_t>(p->max));
+}
+
+double ParamReader::Double(absl::string_view key) {
+  const ParamSpec* p = Known(key, ParamType::kDouble);
+  double def = 0;
+  if (p == nullptr) return def;
+  if (!absl::SimpleAtod(p->default_text, &def)) {
+    Fail(absl::StrCat("the default of ", key, " is not a number"));
+  }
+  return Double(key, def, p->min, p->max);
+}
+
+std::string ParamReader::Choice(absl::string_view key) {
+  const ParamSpec* p = Known(key, ParamType::kChoice);
+  if (p == nullptr) return "";
+  const std::string* text = Find(key);
+  if (text == nullptr) return std::string(p->default_text);
+  for (absl::string_view c : p->choices) {
+    if (*text == c) return *text;
+  }
+  Fail(absl::StrCat(key, " = '", *text, "' is not one of ",
+                    absl::StrJoin(p->choices, ", ")));
+  return std::string(p->default_text);
+}
+
+CommonParams ParamReader::Common() {
   CommonParams c;
-  c.sinks = Tokens("sinks", default_sinks);
-  c.recent = Tokens("recent", default_recent);
-  c.slack = Tokens("slack", 0);
+  for (const ParamSpec& p : known_) {
+    if (p.name == "sinks") c.sinks = Int("sinks");
+    if (p.name == "recent") c.recent = Int("recent");
+    if (p.name == "slack") c.slack = Int("slack");
+  }
   return c;
 }
 

@@ -1,24 +1,16 @@
-// The registry of eviction policies by name, and each policy's factory.
-// Factories validate their parameters: an unknown name, an unknown parameter
-// or a value out of range is INVALID_ARGUMENT with a message. Thread-safe.
+// The registry of eviction policies: one table that names every policy, what
+// input it takes, its parameters (name, type, default, range) and its budget
+// rule. Factories read their parameters through that table, and ServerInfo
+// publishes it, so a default or a range is written in one place. An unknown
+// name, an unknown parameter or a value out of range is INVALID_ARGUMENT with
+// a message. Thread-safe (the table is constant).
 //
-// Policies and their parameters (docs/policies.md has the full rules):
-//   full           never evicts
-//   window         the last `budget` tokens                  (slack)
-//   streaming_llm  sinks + the most recent tokens             (sinks=4, slack)
-//   h2o            sinks + recent + heavy hitters by accumulated attention
-//                                                   (sinks=0, recent=0, slack)
-//   tova           the tokens the current query attends most (recent=0, slack)
-//   scissorhands   drops tokens that stayed unimportant over a history window
-//                  (history=32, threshold=1.0, sinks, recent, slack)
-//   snapkv         one-shot prompt compression
-//                  (window=32, kernel=5, pooling=avgpool|maxpool)
-//   h2o_page       h2o scores, evicting whole pages        (sinks, recent,
-//   slack)
+// docs/policies.md has the full rules of each policy.
 #ifndef KVKEEP_CACHE_STORE_POLICY_REGISTRY_H_
 #define KVKEEP_CACHE_STORE_POLICY_REGISTRY_H_
 
 #include <memory>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -30,11 +22,41 @@ namespace kvkeep {
 
 using PolicyPtr = std::shared_ptr<const EvictionPolicy>;
 
-absl::StatusOr<PolicyPtr> NewPolicy(const PolicySpec& spec);
+// What a policy needs from the worker, and when it evicts.
+enum class PolicyInput {
+  kNone,      // evicts on append (window, streaming_llm) or never (full);
+              // refuses scores
+  kPerStep,   // evicts on a step's attention: probabilities or queries for
+              // any subset of layers, with or without an append
+  kCompress,  // evicts once, on CompressPrompt: the observation window's
+              // attention (probabilities or queries) for every layer
+};
+
+// One policy as the registry knows it.
+struct PolicyInfo {
+  absl::string_view name;
+  absl::string_view summary;  // one line
+  PolicyInput input = PolicyInput::kNone;
+  std::span<const ParamSpec> params;  // every parameter it takes
+  // What CreateSession's per-layer budget must satisfy, in words (the
+  // policy's ValidateBudget enforces it).
+  absl::string_view budget_rule;
+  // Builds the policy from parameters read through a ParamReader that knows
+  // `params`; NewPolicy calls it and then params.Finish().
+  PolicyPtr (*factory)(ParamReader&) = nullptr;
+};
+
+// Every policy, in a fixed order (the order ServerInfo lists them in).
+std::span<const PolicyInfo> Policies();
+// The policy named `name`; null if there is none.
+const PolicyInfo* FindPolicy(absl::string_view name);
 std::vector<absl::string_view> PolicyNames();
 
-// One factory per policy file. Each reads its parameters from `params`;
-// NewPolicy calls params.Finish() afterwards.
+absl::StatusOr<PolicyPtr> NewPolicy(const PolicySpec& spec);
+
+// One factory per policy file. Each reads its parameters from `params` by
+// name (ParamReader::Int(key), ...); NewPolicy calls params.Finish()
+// afterwards.
 PolicyPtr NewFullPolicy(ParamReader& params);
 PolicyPtr NewWindowPolicy(ParamReader& params);
 PolicyPtr NewStreamingLlmPolicy(ParamReader& params);

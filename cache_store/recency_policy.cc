@@ -33,13 +33,11 @@ class RecencyPolicy final : public EvictionPolicy {
 }  // namespace
 
 PolicyPtr NewWindowPolicy(ParamReader& params) {
-  CommonParams common;
-  common.slack = params.Tokens("slack", 0);
-  return std::make_shared<RecencyPolicy>("window", common);
+  return std::make_shared<RecencyPolicy>("window", params.Common());
 }
 
 PolicyPtr NewStreamingLlmPolicy(ParamReader& params) {
-  return std::make_shared<RecencyPolicy>("streaming_llm", params.Common(4, 0));
+  return std::make_shared<RecencyPolicy>("streaming_llm", params.Common());
 }
 
 }  // namespace kvkeep

@@ -61,9 +61,9 @@ class ScissorhandsPolicy final : public EvictionPolicy {
 }  // namespace
 
 PolicyPtr NewScissorhandsPolicy(ParamReader& params) {
-  const CommonParams common = params.Common(0, 0);
-  const int history = static_cast<int>(params.Int("history", 32, 1, 64));
-  const double threshold = params.Double("threshold", 1.0, 0.0, 1e6);
+  const CommonParams common = params.Common();
+  const int history = static_cast<int>(params.Int("history"));
+  const double threshold = params.Double("threshold");
   return std::make_shared<ScissorhandsPolicy>(common, history, threshold);
 }
 

@@ -80,14 +80,13 @@ class SnapKvPolicy final : public EvictionPolicy {
 }  // namespace
 
 PolicyPtr NewSnapKvPolicy(ParamReader& params) {
-  const int64_t window = params.Int("window", 32, 1, int64_t{1} << 20);
-  int64_t kernel = params.Int("kernel", 5, 1, 1025);
+  const int64_t window = params.Int("window");
+  int64_t kernel = params.Int("kernel");
   if (kernel % 2 == 0) {
     params.Fail(absl::StrCat("kernel = ", kernel, " must be odd"));
-    kernel = 5;
+    kernel = 1;  // unused: Finish reports the error
   }
-  const std::string pooling =
-      params.Choice("pooling", "avgpool", {"avgpool", "maxpool"});
+  const std::string pooling = params.Choice("pooling");
   return std::make_shared<SnapKvPolicy>(
       window, static_cast<int32_t>(kernel),
       pooling == "maxpool" ? Pooling::kMax : Pooling::kAvg);

@@ -39,7 +39,7 @@ class TovaPolicy final : public EvictionPolicy {
 }  // namespace
 
 PolicyPtr NewTovaPolicy(ParamReader& params) {
-  return std::make_shared<TovaPolicy>(params.Common(0, 0));
+  return std::make_shared<TovaPolicy>(params.Common());
 }
 
 }  // namespace kvkeep

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "cache_store/eviction_policy.h"
 #include "cache_store/policy_registry.h"
 #include "gmock/gmock.h"
@@ -275,6 +276,122 @@ TEST(PolicyRegistryTest, FullTakesNoParameters) {
   absl::StatusOr<PolicyPtr> p = Make("full", {{"recent", "4"}});
   EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(p.status().message(), HasSubstr("it takes none"));
+}
+
+// The registry's table (what ServerInfo publishes) agrees with the policies
+// it builds: every parameter listed is read, with its default and range.
+TEST(PolicyTableTest, ListsEveryPolicyOnceInNameOrder) {
+  std::vector<absl::string_view> names;
+  for (const PolicyInfo& p : Policies()) {
+    names.push_back(p.name);
+    EXPECT_EQ(FindPolicy(p.name), &p);
+    EXPECT_FALSE(p.summary.empty()) << p.name;
+    EXPECT_FALSE(p.budget_rule.empty()) << p.name;
+  }
+  EXPECT_EQ(names, PolicyNames());
+  EXPECT_EQ(FindPolicy("h20"), nullptr);
+}
+
+TEST(PolicyTableTest, InputMatchesTheTrigger) {
+  for (const PolicyInfo& info : Policies()) {
+    SCOPED_TRACE(info.name);
+    PolicyPtr p = MakeOk(std::string(info.name));
+    ASSERT_NE(p, nullptr);
+    switch (p->trigger()) {
+      case EvictionTrigger::kNever:
+      case EvictionTrigger::kOnAppend:
+        EXPECT_EQ(info.input, PolicyInput::kNone);
+        break;
+      case EvictionTrigger::kOnAttention:
+        EXPECT_EQ(info.input, PolicyInput::kPerStep);
+        break;
+      case EvictionTrigger::kOnCompress:
+        EXPECT_EQ(info.input, PolicyInput::kCompress);
+        break;
+    }
+  }
+}
+
+TEST(PolicyTableTest, DefaultsAreWhatThePolicyUses) {
+  for (const PolicyInfo& info : Policies()) {
+    std::map<std::string, std::string> defaults;
+    for (const ParamSpec& param : info.params) {
+      defaults[std::string(param.name)] = std::string(param.default_text);
+    }
+    SCOPED_TRACE(info.name);
+    PolicyPtr implicit = MakeOk(std::string(info.name));
+    PolicyPtr explicit_ = MakeOk(std::string(info.name), defaults);
+    ASSERT_NE(implicit, nullptr);
+    ASSERT_NE(explicit_, nullptr);
+    EXPECT_EQ(implicit->common().sinks, explicit_->common().sinks);
+    EXPECT_EQ(implicit->common().recent, explicit_->common().recent);
+    EXPECT_EQ(implicit->common().slack, explicit_->common().slack);
+  }
+}
+
+TEST(PolicyTableTest, RangesAreTheOnesEnforced) {
+  for (const PolicyInfo& info : Policies()) {
+    for (const ParamSpec& param : info.params) {
+      const std::string name(param.name);
+      SCOPED_TRACE(absl::StrCat(info.name, ".", name));
+      auto make = [&](const std::string& value) {
+        return Make(std::string(info.name), {{name, value}});
+      };
+      switch (param.type) {
+        case ParamType::kInt: {
+          const auto lo = static_cast<int64_t>(param.min);
+          const auto hi = static_cast<int64_t>(param.max);
+          EXPECT_TRUE(make(absl::StrCat(lo)).ok());
+          EXPECT_TRUE(make(absl::StrCat(hi)).ok());
+          EXPECT_EQ(make(absl::StrCat(lo - 1)).status().code(),
+                    absl::StatusCode::kInvalidArgument);
+          EXPECT_EQ(make(absl::StrCat(hi + 1)).status().code(),
+                    absl::StatusCode::kInvalidArgument);
+          break;
+        }
+        case ParamType::kDouble:
+          EXPECT_TRUE(make(absl::StrCat(param.min)).ok());
+          EXPECT_TRUE(make(absl::StrCat(param.max)).ok());
+          EXPECT_FALSE(make(absl::StrCat(param.min - 1)).ok());
+          EXPECT_FALSE(make(absl::StrCat(param.max * 2)).ok());
+          break;
+        case ParamType::kChoice:
+          EXPECT_FALSE(param.choices.empty());
+          for (absl::string_view c : param.choices) {
+            EXPECT_TRUE(make(std::string(c)).ok()) << c;
+          }
+          EXPECT_FALSE(make("no such choice").ok());
+          break;
+      }
+    }
+  }
+}
+
+TEST(ParamReaderTest, ReadsByTheTable) {
+  constexpr absl::string_view kChoices[] = {"a", "b"};
+  const ParamSpec known[] = {
+      {"i", ParamType::kInt, "7", 0, 10, {}, "", ""},
+      {"d", ParamType::kDouble, "0.5", 0, 1, {}, "", ""},
+      {"c", ParamType::kChoice, "a", 0, 0, kChoices, "", ""},
+  };
+  const PolicySpec given{"test", {{"i", "3"}}};
+  ParamReader r(given, known);
+  EXPECT_EQ(r.Int("i"), 3);
+  EXPECT_EQ(r.Double("d"), 0.5);
+  EXPECT_EQ(r.Choice("c"), "a");
+  EXPECT_TRUE(r.Finish().ok());
+
+  const PolicySpec bad{"test", {{"i", "11"}}};
+  ParamReader out_of_range(bad, known);
+  EXPECT_EQ(out_of_range.Int("i"), 7);
+  EXPECT_THAT(out_of_range.Finish().message(),
+              HasSubstr("i = 11 is outside [0, 10]"));
+
+  // A key the table does not list is a bug of the factory, not the client's.
+  const PolicySpec none{"test", {}};
+  ParamReader unlisted(none, known);
+  unlisted.Int("missing");
+  EXPECT_EQ(unlisted.Finish().code(), absl::StatusCode::kInternal);
 }
 
 }  // namespace

@@ -198,6 +198,100 @@ json StatsJson(const v1::SessionStats& s) {
 }
 
 // ---------------------------------------------------------------------------
+// Policies, as the server describes them (ServerInfo.policy_info)
+
+const v1::PolicyInfo* FindPolicy(const v1::ServerInfo& info,
+                                 absl::string_view name) {
+  for (const v1::PolicyInfo& p : info.policy_info()) {
+    if (p.name() == name) return &p;
+  }
+  return nullptr;
+}
+
+std::string InputName(v1::PolicyInfo::Input input) {
+  switch (input) {
+    case v1::PolicyInfo::INPUT_NONE:
+      return "none";
+    case v1::PolicyInfo::INPUT_PER_STEP:
+      return "per-step";
+    case v1::PolicyInfo::INPUT_COMPRESS:
+      return "compress";
+    default:
+      return "?";
+  }
+}
+
+std::string TypeName(v1::PolicyParam::Type type) {
+  switch (type) {
+    case v1::PolicyParam::TYPE_INT:
+      return "int";
+    case v1::PolicyParam::TYPE_DOUBLE:
+      return "double";
+    case v1::PolicyParam::TYPE_CHOICE:
+      return "choice";
+    default:
+      return "?";
+  }
+}
+
+// "kernel = 5: int in [1, 1025], odd".
+std::string ParamText(const v1::PolicyParam& p) {
+  std::string accepts;
+  switch (p.type()) {
+    case v1::PolicyParam::TYPE_INT:
+      accepts = absl::StrCat("int in [", static_cast<int64_t>(p.min()), ", ",
+                             static_cast<int64_t>(p.max()), "]");
+      break;
+    case v1::PolicyParam::TYPE_DOUBLE:
+      accepts = absl::StrCat("number in [", p.min(), ", ", p.max(), "]");
+      break;
+    default:
+      accepts = absl::StrCat("one of ", absl::StrJoin(p.choices(), ", "));
+      break;
+  }
+  return absl::StrCat(p.name(), " = ", p.default_value(), ": ", accepts,
+                      p.rule().empty() ? "" : ", ", p.rule());
+}
+
+json PolicyJson(const v1::PolicyInfo& p) {
+  json params = json::array();
+  for (const v1::PolicyParam& q : p.params()) {
+    json param = {{"name", q.name()},
+                  {"type", TypeName(q.type())},
+                  {"default", q.default_value()},
+                  {"description", q.description()}};
+    if (q.type() == v1::PolicyParam::TYPE_CHOICE) {
+      param["choices"] = Array(q.choices());
+    } else {
+      param["min"] = q.min();
+      param["max"] = q.max();
+    }
+    if (!q.rule().empty()) param["rule"] = q.rule();
+    params.push_back(param);
+  }
+  return {{"name", p.name()},
+          {"summary", p.summary()},
+          {"input", InputName(p.input())},
+          {"accepts_probabilities", p.accepts_probabilities()},
+          {"accepts_queries", p.accepts_queries()},
+          {"params", params},
+          {"budget_rule", p.budget_rule()}};
+}
+
+void PrintPolicies(const v1::ServerInfo& info) {
+  std::printf("policies:\n");
+  for (const v1::PolicyInfo& p : info.policy_info()) {
+    std::printf("  %-14s %s\n", p.name().c_str(), p.summary().c_str());
+    std::printf("  %-14s input: %s; budget: %s\n", "",
+                InputName(p.input()).c_str(), p.budget_rule().c_str());
+    for (const v1::PolicyParam& q : p.params()) {
+      std::printf("  %-14s   %s\n", "", ParamText(q).c_str());
+    }
+  }
+  std::printf("\n");
+}
+
+// ---------------------------------------------------------------------------
 // Commands
 
 int Info(const KvKeepClient& kv) {
@@ -217,12 +311,17 @@ int Info(const KvKeepClient& kv) {
                        {"sessions", p.sessions()},
                        {"allocation_failures", p.allocation_failures()}});
     }
+    json policies = json::array();
+    for (const v1::PolicyInfo& p : info->policy_info()) {
+      policies.push_back(PolicyJson(p));
+    }
     Print({{"server", absl::GetFlag(FLAGS_server)},
            {"version", info->version()},
            {"backend", info->backend()},
            {"max_sessions", info->max_sessions()},
            {"max_message_bytes", info->max_message_bytes()},
            {"policies", Array(info->policies())},
+           {"policy_info", policies},
            {"layouts", layouts},
            {"pools", pools}});
     return 0;
@@ -232,8 +331,7 @@ int Info(const KvKeepClient& kv) {
   std::printf("limits: %lld sessions, %s per message\n",
               static_cast<long long>(info->max_sessions()),
               Bytes(info->max_message_bytes()).c_str());
-  std::printf("policies: %s\n\n",
-              absl::StrJoin(info->policies(), ", ").c_str());
+  PrintPolicies(*info);
   Table table({"LAYOUT", "LAYERS", "KV/Q HEADS", "HEAD_DIM", "DTYPE",
                "PAGE_TOKENS", "PAGE", "PAGES_USED", "PAGES", "POOL",
                "SESSIONS"});
@@ -462,13 +560,6 @@ absl::StatusOr<v1::LayerScores> StepScores(const std::string& form,
       "--scores=", form, ": expected reduced, per_head or queries"));
 }
 
-// Policies that evict on attention take a step's scores; the others refuse
-// them (window and streaming_llm evict on append, full never).
-bool UsesScores(absl::string_view policy) {
-  return policy == "h2o" || policy == "tova" || policy == "scissorhands" ||
-         policy == "h2o_page";
-}
-
 int Demo(const KvKeepClient& kv) {
   const std::string command = "demo";
   const int64_t steps = absl::GetFlag(FLAGS_steps);
@@ -478,11 +569,14 @@ int Demo(const KvKeepClient& kv) {
   if (steps < 0 || prompt < 0 || prompt + steps == 0) {
     return Usage("demo: --steps and --prompt must be >= 0, not both 0");
   }
-  if (policy == "snapkv") {
-    return Usage("demo: snapkv compresses a prompt once; pick a decode policy");
-  }
   absl::StatusOr<v1::ServerInfo> info = kv.GetServerInfo();
   if (!info.ok()) return Fail(command, info.status());
+  if (const v1::PolicyInfo* p = FindPolicy(*info, policy);
+      p != nullptr && p->input() == v1::PolicyInfo::INPUT_COMPRESS) {
+    return Usage(absl::StrCat("demo: ", policy,
+                              " compresses a prompt once; pick a decode "
+                              "policy"));
+  }
   if (info->layouts().empty()) {
     return Fail(command, absl::NotFoundError("the server serves no layout"));
   }
@@ -519,7 +613,15 @@ int Demo(const KvKeepClient& kv) {
   // The policy in force (the server's default when --policy is empty).
   absl::StatusOr<v1::SessionStats> created = session->Stats();
   if (!created.ok()) return fail(created.status());
-  const bool scored = UsesScores(created->policy());
+  // Policies that evict on attention take a step's scores; the others refuse
+  // them (they evict on append, or never).
+  const v1::PolicyInfo* in_force = FindPolicy(*info, created->policy());
+  if (in_force == nullptr) {
+    return fail(absl::FailedPreconditionError(absl::StrCat(
+        "the server does not describe policy '", created->policy(),
+        "' in ServerInfo.policy_info (a kvkeepd older than this kvkeep?)")));
+  }
+  const bool scored = in_force->input() == v1::PolicyInfo::INPUT_PER_STEP;
 
   json out = {{"session_id", session->id()},
               {"layout", LayoutJson(layout)},

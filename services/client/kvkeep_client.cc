@@ -537,6 +537,10 @@ absl::StatusOr<v1::SessionStats> Session::Stats() const {
   return client::Stats(*connection_, id_);
 }
 
+absl::StatusOr<v1::ServerInfo> Session::GetServerInfo() const {
+  return connection_->GetServerInfo();
+}
+
 absl::StatusOr<int64_t> Session::Close() const {
   return client::Close(*connection_, id_);
 }

@@ -283,6 +283,9 @@ class Session {
   absl::StatusOr<std::vector<LayerKvData>> ReadKv(
       absl::Span<const int32_t> layers = {}) const;
   absl::StatusOr<v1::SessionStats> Stats() const;
+  // The server's description (GetServerInfo), e.g. what the session's
+  // policy takes (ServerInfo.policy_info).
+  absl::StatusOr<v1::ServerInfo> GetServerInfo() const;
   // Closes the session; returns the pages it freed, or kUnknownFreedPages
   // when a retry found the session already closed by an attempt whose reply
   // was lost.

@@ -104,6 +104,59 @@ absl::StatusOr<DType> DTypeFromProto(v1::DType t) {
   }
 }
 
+namespace {
+
+v1::PolicyInfo::Input InputToProto(PolicyInput in) {
+  switch (in) {
+    case PolicyInput::kNone:
+      return v1::PolicyInfo::INPUT_NONE;
+    case PolicyInput::kPerStep:
+      return v1::PolicyInfo::INPUT_PER_STEP;
+    case PolicyInput::kCompress:
+      return v1::PolicyInfo::INPUT_COMPRESS;
+  }
+  return v1::PolicyInfo::INPUT_UNSPECIFIED;
+}
+
+v1::PolicyParam::Type ParamTypeToProto(ParamType t) {
+  switch (t) {
+    case ParamType::kInt:
+      return v1::PolicyParam::TYPE_INT;
+    case ParamType::kDouble:
+      return v1::PolicyParam::TYPE_DOUBLE;
+    case ParamType::kChoice:
+      return v1::PolicyParam::TYPE_CHOICE;
+  }
+  return v1::PolicyParam::TYPE_UNSPECIFIED;
+}
+
+}  // namespace
+
+void PolicyInfoToProto(const PolicyInfo& in, v1::PolicyInfo* out) {
+  out->set_name(std::string(in.name));
+  out->set_summary(std::string(in.summary));
+  out->set_input(InputToProto(in.input));
+  // Every scored policy takes both forms (the session checks and reduces
+  // them the same way); the layout decides whether queries can be scored.
+  const bool scored = in.input != PolicyInput::kNone;
+  out->set_accepts_probabilities(scored);
+  out->set_accepts_queries(scored);
+  for (const ParamSpec& p : in.params) {
+    v1::PolicyParam* param = out->add_params();
+    param->set_name(std::string(p.name));
+    param->set_type(ParamTypeToProto(p.type));
+    param->set_default_value(std::string(p.default_text));
+    if (p.type != ParamType::kChoice) {
+      param->set_min(p.min);
+      param->set_max(p.max);
+    }
+    for (absl::string_view c : p.choices) param->add_choices(std::string(c));
+    param->set_rule(std::string(p.rule));
+    param->set_description(std::string(p.help));
+  }
+  out->set_budget_rule(std::string(in.budget_rule));
+}
+
 void LayoutToProto(const ModelLayout& in, v1::Layout* out) {
   out->set_name(in.name);
   out->set_num_layers(in.num_layers);

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "cache_store/cache_store.h"
+#include "cache_store/policy_registry.h"
 #include "kvkeep/v1/kvkeep.pb.h"
 
 namespace kvkeep {
@@ -23,6 +24,8 @@ absl::StatusOr<std::vector<LayerScores>> ScoresFromProto(
 
 void StepResultToProto(const StepResult& in, v1::StepResult* out);
 void LayoutToProto(const ModelLayout& in, v1::Layout* out);
+// A policy of the registry as ServerInfo publishes it.
+void PolicyInfoToProto(const PolicyInfo& in, v1::PolicyInfo* out);
 void StatsToProto(const SessionStats& in, v1::SessionStats* out);
 void BlockTableToProto(const BlockTable& in, v1::BlockTable* out);
 

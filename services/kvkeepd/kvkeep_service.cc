@@ -149,8 +149,9 @@ grpc::ServerUnaryReactor* KvKeepService::GetServerInfo(
       pool->set_sessions(s.sessions);
       pool->set_allocation_failures(s.pool.allocation_failures);
     }
-    for (absl::string_view name : PolicyNames()) {
-      resp->add_policies(std::string(name));
+    for (const PolicyInfo& policy : Policies()) {
+      resp->add_policies(std::string(policy.name));
+      PolicyInfoToProto(policy, resp->add_policy_info());
     }
     resp->set_max_sessions(options_.max_sessions);
     resp->set_max_message_bytes(options_.max_message_bytes);

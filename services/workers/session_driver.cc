@@ -242,13 +242,56 @@ absl::StatusOr<ScoreMode> ParseScoreMode(std::string_view name) {
                    "'; known: per_head, reduced, queries"));
 }
 
-PolicyInput InputOf(std::string_view policy) {
-  if (policy == "h2o" || policy == "tova" || policy == "scissorhands" ||
-      policy == "h2o_page") {
-    return PolicyInput::kPerStep;
+namespace {
+
+const v1::PolicyInfo* FindPolicy(const v1::ServerInfo& info,
+                                 std::string_view policy) {
+  for (const v1::PolicyInfo& p : info.policy_info()) {
+    if (p.name() == policy) return &p;
   }
-  if (policy == "snapkv") return PolicyInput::kCompress;
-  return PolicyInput::kNone;  // full, window, streaming_llm
+  return nullptr;
+}
+
+// The value of `param` for a session of `policy` created with `params`: the
+// one given, else the policy's default as the server publishes it.
+absl::StatusOr<int64_t> IntParam(
+    const v1::ServerInfo& info, std::string_view policy,
+    const std::map<std::string, std::string>& params, std::string_view param) {
+  std::string text;
+  if (auto it = params.find(std::string(param)); it != params.end()) {
+    text = it->second;
+  } else if (const v1::PolicyInfo* p = FindPolicy(info, policy); p != nullptr) {
+    for (const v1::PolicyParam& q : p->params()) {
+      if (q.name() == param) text = q.default_value();
+    }
+  }
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(text, &value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(policy), " ", std::string(param), " = '", text,
+                     "' is not an integer"));
+  }
+  return value;
+}
+
+}  // namespace
+
+absl::StatusOr<PolicyInput> InputOf(const v1::ServerInfo& info,
+                                    std::string_view policy) {
+  const v1::PolicyInfo* p = FindPolicy(info, policy);
+  if (p == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("the server does not describe policy '",
+                     std::string(policy), "' in ServerInfo.policy_info"));
+  }
+  switch (p->input()) {
+    case v1::PolicyInfo::INPUT_PER_STEP:
+      return PolicyInput::kPerStep;
+    case v1::PolicyInfo::INPUT_COMPRESS:
+      return PolicyInput::kCompress;
+    default:
+      return PolicyInput::kNone;
+  }
 }
 
 WorkloadSpec FitToLayout(WorkloadSpec spec, const v1::Layout& layout) {
@@ -286,7 +329,15 @@ absl::StatusOr<PrefilledSession> Prefill(const client::KvKeepClient& client,
   const int64_t prompt = spec.prompt_tokens;
   const int64_t chunk = std::max<int64_t>(1, plan.prefill_chunk);
   ShadowCache shadow(workload);
-  const PolicyInput input = InputOf(plan.policy);
+  // The policy in force (the server's default when plan.policy is empty),
+  // and what it takes.
+  absl::StatusOr<v1::SessionStats> stats = session->Stats();
+  if (!stats.ok()) return stats.status();
+  absl::StatusOr<v1::ServerInfo> info = session->GetServerInfo();
+  if (!info.ok()) return info.status();
+  absl::StatusOr<PolicyInput> policy_input = InputOf(*info, stats->policy());
+  if (!policy_input.ok()) return policy_input.status();
+  const PolicyInput input = *policy_input;
 
   if (input != PolicyInput::kPerStep) {
     if (absl::Status s = shadow.Extend(prompt); !s.ok()) return s;
@@ -299,13 +350,10 @@ absl::StatusOr<PrefilledSession> Prefill(const client::KvKeepClient& client,
     }
     if (input == PolicyInput::kCompress) {
       // The observation window: the prompt's last `window` tokens.
-      int64_t window = 32;
-      if (auto it = plan.params.find("window"); it != plan.params.end()) {
-        if (!absl::SimpleAtoi(it->second, &window)) {
-          return absl::InvalidArgumentError("snapkv window is not a number");
-        }
-      }
-      window = std::min(window, prompt);
+      absl::StatusOr<int64_t> window_param =
+          IntParam(*info, stats->policy(), plan.params, "window");
+      if (!window_param.ok()) return window_param.status();
+      const int64_t window = std::min(*window_param, prompt);
       std::vector<v1::LayerScores> scores;
       for (int32_t l = 0; l < spec.num_layers; ++l) {
         absl::StatusOr<v1::LayerScores> s = LayerAttention(
@@ -352,7 +400,11 @@ absl::StatusOr<DecodeReport> Decode(const client::Session& session,
                                     const DecodeOptions& options) {
   absl::StatusOr<v1::SessionStats> stats = session.Stats();
   if (!stats.ok()) return stats.status();
-  const bool send_scores = InputOf(stats->policy()) == PolicyInput::kPerStep;
+  absl::StatusOr<v1::ServerInfo> info = session.GetServerInfo();
+  if (!info.ok()) return info.status();
+  absl::StatusOr<PolicyInput> input = InputOf(*info, stats->policy());
+  if (!input.ok()) return input.status();
+  const bool send_scores = *input == PolicyInput::kPerStep;
   const WorkloadSpec& spec = workload.spec();
   const DType dtype = ToDType(session.layout().dtype());
   const int64_t prompt = spec.prompt_tokens;

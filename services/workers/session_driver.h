@@ -49,7 +49,10 @@ absl::StatusOr<ScoreMode> ParseScoreMode(std::string_view name);
 
 // When a policy wants attention (docs/policies.md).
 enum class PolicyInput { kNone, kPerStep, kCompress };
-PolicyInput InputOf(std::string_view policy);
+// What `policy` takes, as the server describes it (ServerInfo.policy_info).
+// NOT_FOUND if `info` does not describe it.
+absl::StatusOr<PolicyInput> InputOf(const v1::ServerInfo& info,
+                                    std::string_view policy);
 
 // The workload whose shape is `layout`'s (layers, kv and query heads, head
 // dim), the rest from `spec`.

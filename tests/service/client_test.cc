@@ -1374,10 +1374,32 @@ TEST(CliTest, CommandsAgainstKvkeepd) {
   EXPECT_EQ(info.json["max_message_bytes"], 64 << 20);
   EXPECT_THAT(info.json["policies"].get<std::vector<std::string>>(),
               Contains("h2o"));
+  // Each policy as the server describes it (ServerInfo.policy_info).
+  ASSERT_EQ(info.json["policy_info"].size(), info.json["policies"].size());
+  for (const auto& p : info.json["policy_info"]) {
+    if (p["name"] == "h2o") {
+      EXPECT_EQ(p["input"], "per-step");
+      EXPECT_EQ(p["accepts_queries"], true);
+      EXPECT_EQ(p["params"][0]["name"], "sinks");
+      EXPECT_EQ(p["params"][0]["default"], "0");
+    }
+    if (p["name"] == "snapkv") {
+      EXPECT_EQ(p["input"], "compress");
+      EXPECT_EQ(p["params"][1]["rule"], "odd");
+      EXPECT_EQ(p["params"][2]["choices"][1], "maxpool");
+    }
+    if (p["name"] == "window") {
+      EXPECT_EQ(p["input"], "none");
+    }
+  }
   CliRun table = RunCli(server + " info");
   ASSERT_EQ(table.exit_code, 0) << table.err;
   EXPECT_THAT(table.out, HasSubstr("LAYOUT"));
   EXPECT_THAT(table.out, HasSubstr("demo"));
+  EXPECT_THAT(table.out, HasSubstr("input: compress; budget: budget >= "
+                                   "max(1, window)"));
+  EXPECT_THAT(table.out, HasSubstr("kernel = 5: int in [1, 1025], odd"));
+
 
   // A session made with the client library, seen through the CLI. (The
   // client goes away again: an idle open connection holds up kvkeepd's exit

@@ -733,6 +733,118 @@ TEST_F(ServiceTest, ServerInfoReportsLayoutsPoolsAndPolicies) {
   EXPECT_EQ(info.pools(0).used_pages(), 0);
 }
 
+// ServerInfo.policy_info describes every policy, and what it describes is
+// what the server does: defaults and lower bounds are taken, values past a
+// range and unlisted names are refused, and a step's scores are taken by
+// the per-step policies only (probabilities and queries alike).
+TEST_F(ServiceTest, ServerInfoDescribesEveryPolicyAsItBehaves) {
+  v1::ServerInfo info;
+  ASSERT_GRPC_OK(Info(stub(), &info));
+  ASSERT_EQ(info.policy_info_size(), info.policies_size());
+  std::map<std::string, const v1::PolicyInfo*> by_name;
+  for (int i = 0; i < info.policy_info_size(); ++i) {
+    EXPECT_EQ(info.policy_info(i).name(), info.policies(i));
+    by_name[info.policy_info(i).name()] = &info.policy_info(i);
+  }
+  const std::map<std::string, v1::PolicyInfo::Input> inputs = {
+      {"full", v1::PolicyInfo::INPUT_NONE},
+      {"window", v1::PolicyInfo::INPUT_NONE},
+      {"streaming_llm", v1::PolicyInfo::INPUT_NONE},
+      {"h2o", v1::PolicyInfo::INPUT_PER_STEP},
+      {"tova", v1::PolicyInfo::INPUT_PER_STEP},
+      {"scissorhands", v1::PolicyInfo::INPUT_PER_STEP},
+      {"snapkv", v1::PolicyInfo::INPUT_COMPRESS},
+      {"h2o_page", v1::PolicyInfo::INPUT_PER_STEP}};
+  ASSERT_EQ(by_name.size(), inputs.size());
+  for (const auto& [name, input] : inputs) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(by_name.contains(name));
+    const v1::PolicyInfo& p = *by_name[name];
+    EXPECT_EQ(p.input(), input);
+    EXPECT_EQ(p.accepts_probabilities(), input != v1::PolicyInfo::INPUT_NONE);
+    EXPECT_EQ(p.accepts_queries(), input != v1::PolicyInfo::INPUT_NONE);
+    EXPECT_FALSE(p.summary().empty());
+    EXPECT_FALSE(p.budget_rule().empty());
+  }
+  EXPECT_TRUE(by_name["full"]->params().empty());
+  ASSERT_EQ(by_name["streaming_llm"]->params_size(), 3);
+  EXPECT_EQ(by_name["streaming_llm"]->params(0).name(), "sinks");
+  EXPECT_EQ(by_name["streaming_llm"]->params(0).default_value(), "4");
+  const v1::PolicyInfo& snapkv = *by_name["snapkv"];
+  EXPECT_THAT(snapkv.budget_rule(), HasSubstr("window"));
+  ASSERT_EQ(snapkv.params_size(), 3);
+  const v1::PolicyParam& window = snapkv.params(0);
+  EXPECT_EQ(window.name(), "window");
+  EXPECT_EQ(window.type(), v1::PolicyParam::TYPE_INT);
+  EXPECT_EQ(window.default_value(), "32");
+  EXPECT_EQ(window.min(), 1);
+  EXPECT_EQ(window.max(), 1 << 20);
+  const v1::PolicyParam& kernel = snapkv.params(1);
+  EXPECT_EQ(kernel.name(), "kernel");
+  EXPECT_EQ(kernel.default_value(), "5");
+  EXPECT_EQ(kernel.rule(), "odd");
+  const v1::PolicyParam& pooling = snapkv.params(2);
+  EXPECT_EQ(pooling.type(), v1::PolicyParam::TYPE_CHOICE);
+  EXPECT_EQ(pooling.default_value(), "avgpool");
+  EXPECT_THAT(pooling.choices(), ElementsAre("avgpool", "maxpool"));
+
+  for (const v1::PolicyInfo& p : info.policy_info()) {
+    SCOPED_TRACE(p.name());
+    std::map<std::string, std::string> defaults, lowest;
+    for (const v1::PolicyParam& q : p.params()) {
+      defaults[q.name()] = q.default_value();
+      lowest[q.name()] = q.type() == v1::PolicyParam::TYPE_CHOICE
+                             ? q.choices(0)
+                             : absl::StrCat(static_cast<int64_t>(q.min()));
+    }
+    v1::CreateSessionResponse resp;
+    EXPECT_GRPC_OK(Create(
+        stub(), {.policy = p.name(), .params = defaults, .budget = 64}, &resp));
+    EXPECT_GRPC_OK(Create(
+        stub(), {.policy = p.name(), .params = lowest, .budget = 64}, &resp));
+    for (const v1::PolicyParam& q : p.params()) {
+      std::string over = "not one of them";
+      if (q.type() == v1::PolicyParam::TYPE_INT) {
+        over = absl::StrCat(static_cast<int64_t>(q.max()) + 1);
+      } else if (q.type() == v1::PolicyParam::TYPE_DOUBLE) {
+        over = absl::StrCat(q.max() * 2);
+      }
+      ExpectStatus(
+          Create(
+              stub(),
+              {.policy = p.name(), .params = {{q.name(), over}}, .budget = 64},
+              &resp),
+          grpc::StatusCode::INVALID_ARGUMENT, {q.name(), over});
+    }
+    ExpectStatus(Create(stub(),
+                        {.policy = p.name(),
+                         .params = {{"no_such_param", "1"}},
+                         .budget = 64},
+                        &resp),
+                 grpc::StatusCode::INVALID_ARGUMENT, {"no_such_param"});
+
+    for (ScoreSource source : {ScoreSource::kReduced, ScoreSource::kQueries}) {
+      View view;
+      const std::string id =
+          NewSession({.policy = p.name(), .budget = 64}, &view);
+      AppendTokens(id, f32_, 0, 3, &view);
+      const v1::DecodeStep step =
+          StepToProto(MakeStep(f32_, view, std::nullopt, source, 1), id);
+      if (p.input() == v1::PolicyInfo::INPUT_PER_STEP) {
+        DecodeStream stream(stub());
+        v1::DecodeStepResult result;
+        EXPECT_TRUE(stream.Step(step, &result))
+            << stream.Finish().error_message();
+        EXPECT_GRPC_OK(stream.Finish());
+      } else {
+        ExpectStatus(FailingStep(stub(), step),
+                     grpc::StatusCode::FAILED_PRECONDITION,
+                     {"per-step attention scores"});
+      }
+    }
+  }
+}
+
 TEST_F(ServiceTest, SessionLifecycle) {
   v1::CreateSessionResponse created;
   ASSERT_GRPC_OK(Create(stub(),

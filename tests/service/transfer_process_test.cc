@@ -152,10 +152,16 @@ TEST(TransferProcessTest, ManySessionsMoveWhileOthersDecodeOnBothStores) {
     client::Session moved, twin;
   };
   std::vector<Pair> pairs;
+  const absl::StatusOr<v1::ServerInfo> info = a.client->GetServerInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  const auto per_step = [&](const std::string& policy) {
+    const absl::StatusOr<workers::PolicyInput> in =
+        workers::InputOf(*info, policy);
+    return in.ok() && *in == workers::PolicyInput::kPerStep;
+  };
   for (int i = 0; i < 100; ++i) {
     const std::string& policy = policies[i % policies.size()];
-    const bool scores =
-        workers::InputOf(policy) == workers::PolicyInput::kPerStep;
+    const bool scores = per_step(policy);
     std::vector<client::Session> two;
     for (int k = 0; k < 2; ++k) {
       absl::StatusOr<client::Session> s = OpenSession(
@@ -198,8 +204,7 @@ TEST(TransferProcessTest, ManySessionsMoveWhileOthersDecodeOnBothStores) {
     // The next 100 steps, the same inputs: the same state after each block.
     absl::StatusOr<client::Session> moved = b.client->OpenSession(p.moved.id());
     ASSERT_TRUE(moved.ok());
-    const bool scores =
-        workers::InputOf(p.policy) == workers::PolicyInput::kPerStep;
+    const bool scores = per_step(p.policy);
     for (int block = 0; block < 4; ++block) {
       std::mt19937 r1(1000 + i * 10 + block), r2(1000 + i * 10 + block);
       const int64_t at = 100 + block * 25;
