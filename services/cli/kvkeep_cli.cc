@@ -26,6 +26,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "kernels/dtype.h"
 #include "nlohmann/json.hpp"
 #include "services/client/kvkeep_client.h"
 
@@ -461,29 +462,6 @@ int Transfer(const KvKeepClient& kv, const std::string& id,
 // ---------------------------------------------------------------------------
 // demo
 
-// IEEE binary16 from a float (round to nearest even; the demo's values are
-// normal-range, so no subnormal or overflow care is needed beyond clamping).
-uint16_t ToF16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint32_t sign = (x >> 16) & 0x8000;
-  int32_t exp = static_cast<int32_t>((x >> 23) & 0xff) - 127 + 15;
-  uint32_t mant = x & 0x7fffff;
-  if (exp <= 0) return static_cast<uint16_t>(sign);            // flush to zero
-  if (exp >= 31) return static_cast<uint16_t>(sign | 0x7bff);  // max finite
-  uint32_t half = (static_cast<uint32_t>(exp) << 10) | (mant >> 13);
-  const uint32_t rest = mant & 0x1fff;
-  if (rest > 0x1000 || (rest == 0x1000 && (half & 1))) ++half;
-  return static_cast<uint16_t>(sign | half);
-}
-
-uint16_t ToBF16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  x += 0x7fff + ((x >> 16) & 1);  // round to nearest even
-  return static_cast<uint16_t>(x >> 16);
-}
-
 // n tokens of random keys and values for every layer of `layout`.
 client::KvTokens RandomTokens(const v1::Layout& layout, int64_t first,
                               int64_t n, std::mt19937& rng) {
@@ -500,7 +478,7 @@ client::KvTokens RandomTokens(const v1::Layout& layout, int64_t first,
         std::memcpy(out.data() + e * 4, &v, 4);
       } else {
         const uint16_t h =
-            layout.dtype() == v1::DTYPE_F16 ? ToF16(v) : ToBF16(v);
+            layout.dtype() == v1::DTYPE_F16 ? FloatToF16(v) : FloatToBf16(v);
         std::memcpy(out.data() + e * 2, &h, 2);
       }
     }
