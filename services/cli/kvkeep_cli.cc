@@ -19,7 +19,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -70,8 +72,10 @@ using nlohmann::json;
 constexpr int kExitFailure = 1;
 constexpr int kExitUsage = 2;
 
+// The usage text. absl's --help prints it after "kvkeep: ", so it does not
+// name the program itself.
 constexpr char kUsage[] =
-    "kvkeep: the kvkeepd command-line client.\n"
+    "the kvkeepd command-line client.\n"
     "\n"
     "  kvkeep [flags] info            layouts, pools, policies, limits\n"
     "  kvkeep [flags] sessions        open sessions (the caller's tenant's)\n"
@@ -765,6 +769,15 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
+  // --help and --helpshort list the flags defined in this file (absl's
+  // default looks for a file named after the binary, kvkeep.cc or
+  // kvkeep_main.cc, finds none and says "No flags matched").
+  absl::FlagsUsageConfig usage_config;
+  usage_config.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "kvkeep_cli.cc");
+  };
+  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage_config);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) return Usage("no command given");
   const std::string command = args[1];

@@ -1400,6 +1400,12 @@ TEST(CliTest, CommandsAgainstKvkeepd) {
                                    "max(1, window)"));
   EXPECT_THAT(table.out, HasSubstr("kernel = 5: int in [1, 1025], odd"));
 
+  // --help lists the flags, once prefixed, and finds them (absl's default
+  // looks for kvkeep.cc and says "No flags matched").
+  CliRun help = RunCli("--help");
+  EXPECT_THAT(help.out + help.err, HasSubstr("--server (kvkeepd address)"));
+  EXPECT_THAT(help.out + help.err, Not(HasSubstr("No flags matched")));
+  EXPECT_THAT(help.out + help.err, Not(HasSubstr("kvkeep: kvkeep:")));
 
   // A session made with the client library, seen through the CLI. (The
   // client goes away again: an idle open connection holds up kvkeepd's exit
