@@ -11,6 +11,8 @@
 //       the README's demo: a needle workload on full, window, streaming_llm
 //       and h2o at a 20% budget, with a progress bar; resident memory and
 //       needle survival side by side.
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -54,20 +56,25 @@ std::vector<std::string> List(const std::string& text) {
   return absl::StrSplit(text, ',', absl::SkipEmpty());
 }
 
-// A progress bar on stderr: "[#####.....] label 12/40".
+// A progress bar on stderr: "[#####.....] label 12/40". On a terminal it
+// animates (redrawn in place with \r); anywhere else (a log file, a pipe) it
+// prints one line per run, when the run is done, so a log holds no \r
+// frames.
 void Progress(const std::string& label, int64_t done, int64_t total) {
   constexpr int kWidth = 30;
+  static const bool animate = isatty(fileno(stderr)) != 0;
+  if (!animate && done != total) return;
   const int filled =
       static_cast<int>(kWidth * done / std::max<int64_t>(1, total));
   // Redraw only when the bar moves.
   static int last_filled = -1;
   if (filled == last_filled && done != 0 && done != total) return;
   last_filled = filled;
-  std::fprintf(stderr, "\r[%s%s] %-14s %lld/%lld",
+  std::fprintf(stderr, "%s[%s%s] %-14s %lld/%lld%s", animate ? "\r" : "",
                std::string(filled, '#').c_str(),
                std::string(kWidth - filled, '.').c_str(), label.c_str(),
-               static_cast<long long>(done), static_cast<long long>(total));
-  if (done == total) std::fprintf(stderr, "\n");
+               static_cast<long long>(done), static_cast<long long>(total),
+               done == total ? "\n" : "");
 }
 
 absl::Status Write(const std::string& dir, const std::string& name,
