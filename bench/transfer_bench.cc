@@ -52,7 +52,7 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "services/kvkeepd/kvkeep_service.h"
-#include "services/kvkeepd/tcp_transport.h"
+#include "services/transfer/tcp_transport.h"
 
 #if defined(KVKEEP_HAVE_CUDA)
 #include <cuda_runtime_api.h>

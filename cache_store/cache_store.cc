@@ -227,6 +227,40 @@ absl::StatusOr<SessionSnapshot> CacheStore::FreezeForTransfer(SessionId id) {
   return snapshot;
 }
 
+absl::StatusOr<SlotSpans> CacheStore::FrozenSlotSpans(SessionId id,
+                                                      int32_t layer,
+                                                      int64_t first,
+                                                      int64_t n) {
+  return WithEntry(
+      id, [&](const Entry& entry, Session& s) -> absl::StatusOr<SlotSpans> {
+        if (!entry.transferring) {
+          return absl::FailedPreconditionError(
+              absl::StrCat(SessionLabel(id), " is not frozen for a transfer"));
+        }
+        std::byte* arena = s.memory().host_data();
+        if (arena == nullptr) {
+          return absl::FailedPreconditionError(
+              absl::StrCat(SessionLabel(id), "'s pool is not in host memory"));
+        }
+        if (layer < 0 || layer >= s.layout().num_layers) {
+          return absl::OutOfRangeError(
+              absl::StrCat(SessionLabel(id), ": no layer ", layer));
+        }
+        const PageLayout page_layout = s.layout().page_layout();
+        const std::span<const PageId> pages = s.layer_pages(layer);
+        const int64_t capacity =
+            static_cast<int64_t>(pages.size()) * page_layout.page_tokens;
+        if (first < 0 || n < 0 || first + n > capacity) {
+          return absl::OutOfRangeError(
+              absl::StrCat(SessionLabel(id), ": layer ", layer,
+                           " has no slots [", first, ", ", first + n, ")"));
+        }
+        SlotSpans spans;
+        HostSlotSpans(arena, page_layout, pages, first, n, &spans);
+        return spans;
+      });
+}
+
 absl::Status CacheStore::FinishTransfer(SessionId id, bool committed) {
   absl::StatusOr<std::shared_ptr<Entry>> entry = Find(id);
   if (!entry.ok()) return entry.status();

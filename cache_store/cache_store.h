@@ -26,6 +26,7 @@
 #include "cache_store/session.h"
 #include "cache_store/session_snapshot.h"
 #include "cache_store/session_types.h"
+#include "cache_store/slot_spans.h"
 #include "cache_store/store_observer.h"
 
 namespace kvkeep {
@@ -128,6 +129,13 @@ class CacheStore {
   // (Finish).
   absl::StatusOr<SessionSnapshot> FreezeForTransfer(SessionId id);
   absl::Status FinishTransfer(SessionId id, bool committed);
+  // Where slots [first, first + n) of a frozen session's `layer` lie in its
+  // pool's host arena, so a sender reads them in place (they cannot change
+  // until FinishTransfer). NOT_FOUND; FAILED_PRECONDITION if the session is
+  // not frozen or its pool is not in host memory (read with ReadSlots then);
+  // OUT_OF_RANGE past the layer's resident slots.
+  absl::StatusOr<SlotSpans> FrozenSlotSpans(SessionId id, int32_t layer,
+                                            int64_t first, int64_t n);
 
   // In: PrepareImport checks a snapshot that carries no keys and values
   // (ValidateSnapshot with bytes_follow), the id and the limits, and reserves

@@ -17,6 +17,7 @@
 #include "cache_store/policy_registry.h"
 #include "services/common/convert.h"
 #include "services/common/grpc_status.h"
+#include "services/transfer/session_receiver.h"
 
 #ifndef KVKEEP_VERSION
 #define KVKEEP_VERSION "dev"
@@ -27,30 +28,33 @@ namespace {
 
 constexpr absl::string_view kBearer = "Bearer ";
 
-// Prefixes a status from the adapter's own checks with the session, as the
-// domain's messages are.
-absl::Status InSession(SessionId id, const absl::Status& s) {
-  return absl::Status(
-      s.code(), absl::StrCat("session ", SessionName(id), ": ", s.message()));
-}
-
 std::string Quote(absl::string_view s) { return absl::StrCat("\"", s, "\""); }
 
 }  // namespace
 
+namespace {
+
+TransferOptions TransferOptionsOf(const ServiceOptions& options) {
+  TransferOptions t;
+  t.max_message_bytes = options.max_message_bytes;
+  t.tenants_configured = !options.tenants_by_token.empty();
+  t.on_transfer = options.on_transfer;
+  t.tcp = options.tcp;
+  t.wrap_sender = options.wrap_transfer_sender;
+  return t;
+}
+
+}  // namespace
+
 KvKeepService::KvKeepService(CacheStore* store, ServiceOptions options)
-    : store_(store), options_(std::move(options)) {
-  // ReceiveSession reads each chunk in place (session_transfer.h).
+    : store_(store),
+      options_(std::move(options)),
+      transfers_(store, TransferOptionsOf(options_)) {
+  // ReceiveSession reads each chunk in place (session_receiver.h).
   MarkMethodRawCallback(
       ReceiveSessionMethodIndex(),
       RawReceiveSessionHandler([this](grpc::CallbackServerContext* ctx) {
-        return NewRawReceiveReactor(
-            store_, &transfer_log_, ctx,
-            [this](const grpc::CallbackServerContext& c) {
-              return Authenticate(c);
-            },
-            !options_.tenants_by_token.empty(), options_.on_transfer, &nccl_,
-            options_.tcp);
+        return transfers_.Receive(ctx, Authenticate(*ctx));
       }));
 }
 
@@ -627,12 +631,6 @@ grpc::ServerWriteReactor<v1::KvChunk>* KvKeepService::ReadKv(
 
 namespace kvkeep {
 
-KvKeepService::~KvKeepService() {
-  absl::MutexLock lock(&transfers_mu_);
-  transfers_mu_.Await(absl::Condition(
-      +[](int64_t* n) { return *n == 0; }, &sending_));
-}
-
 grpc::ServerUnaryReactor* KvKeepService::TransferSession(
     grpc::CallbackServerContext* ctx, const v1::TransferSessionRequest* req,
     v1::TransferSessionResponse* resp) {
@@ -648,209 +646,35 @@ grpc::ServerUnaryReactor* KvKeepService::TransferSession(
                                "TransferSession needs a target host:port")));
     return reactor;
   }
-  const absl::Time deadline = absl::FromChrono(ctx->deadline());
-  {
-    absl::MutexLock lock(&transfers_mu_);
-    ++sending_;
+  absl::StatusOr<Transport> transport = ParseTransport(req->transport());
+  if (!transport.ok()) {
+    reactor->Finish(Finish("TransferSession", transport.status()));
+    return reactor;
   }
-  std::thread([this, id = *id, request = *req, deadline, reactor, resp] {
-    RunTransfer(id, request, deadline, reactor, resp);
-    absl::MutexLock lock(&transfers_mu_);
-    --sending_;
-  }).detach();
-  return reactor;
-}
-
-void KvKeepService::RunTransfer(SessionId id,
-                                v1::TransferSessionRequest request,
-                                absl::Time deadline,
-                                grpc::ServerUnaryReactor* reactor,
-                                v1::TransferSessionResponse* response) {
-  const absl::Time start = absl::Now();
-  std::string transfer_id = request.transfer_id();
-  if (transfer_id.empty()) {
-    absl::BitGen rng;
-    transfer_id = absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(rng),
-                                  absl::Uniform<uint64_t>(rng));
-  }
-  auto fail = [&](const absl::Status& s) {
-    reactor->Finish(Finish("TransferSession", s));
-  };
-  // The transport: NCCL is offered when this store can use it; the target
-  // decides (docs/transfer.md).
-  const std::string& transport = request.transport();
-  if (transport != "" && transport != "auto" && transport != "host" &&
-      transport != "tcp" && transport != "nccl") {
-    fail(absl::InvalidArgumentError(absl::StrCat(
-        "transport '", transport, "' is not one of auto, host, tcp, nccl")));
-    return;
-  }
-  const bool tcp_usable = TargetHost(request.target()).has_value();
-  if (transport == "tcp" && !tcp_usable) {
-    fail(absl::FailedPreconditionError(
-        absl::StrCat("transport 'tcp': the target ", request.target(),
-                     " names no TCP host for a data socket")));
-    return;
-  }
-  std::optional<v1::NcclOffer> offer;
-  PageMemory* memory = nullptr;
-  int64_t token_bytes = 0;
-  PageLayout page_layout;
-  {
-    absl::StatusOr<SessionStats> stats = store_->GetStats(id);
-    if (!stats.ok()) {
-      fail(stats.status());
+  OutgoingTransfer transfer;
+  transfer.id = *id;
+  transfer.target = req->target();
+  transfer.target_token = req->target_token();
+  transfer.transfer_id = req->transfer_id();
+  transfer.transport = *transport;
+  transfer.deadline = absl::FromChrono(ctx->deadline());
+  const std::string target = req->target();
+  transfers_.Send(std::move(transfer), [this, id = *id, target, reactor,
+                                        resp](const TransferOutcome& outcome) {
+    if (!outcome.status.ok()) {
+      reactor->Finish(Finish("TransferSession", outcome.status));
       return;
     }
-    for (const LayoutStats& l : store_->Layouts()) {
-      if (l.layout.name == stats->layout) page_layout = l.layout.page_layout();
-    }
-    token_bytes = page_layout.token_bytes();
-    absl::StatusOr<PageMemory*> found = store_->MemoryOf(stats->layout);
-    if (!found.ok()) {
-      fail(found.status());
-      return;
-    }
-    memory = *found;
-  }
-  if (transport != "host" && transport != "tcp") {
-    absl::StatusOr<v1::NcclOffer> made = nccl_.Offer(
-        request.target(), *memory, token_bytes, transport == "nccl");
-    if (made.ok()) {
-      offer = *std::move(made);
-    } else if (transport == "nccl") {
-      fail(absl::Status(
-          made.status().code(),
-          absl::StrCat("transport 'nccl': ", made.status().message())));
-      return;
-    }
-  }
-  // Phase 1 here: freeze (or resume a transfer whose commit was in doubt).
-  absl::StatusOr<SessionSnapshot> snapshot;
-  {
-    absl::MutexLock lock(&transfers_mu_);
-    auto it = outgoing_.find(id);
-    if (it != outgoing_.end()) {
-      if (it->second.running || it->second.transfer_id != transfer_id) {
-        fail(absl::FailedPreconditionError(absl::StrCat(
-            "session ", SessionName(id), " is being transferred (transfer ",
-            it->second.transfer_id, ")")));
-        return;
-      }
-      it->second.running = true;
-      snapshot = store_->ExportSession(id, /*with_bytes=*/false);
-    } else {
-      snapshot = store_->FreezeForTransfer(id);
-      if (snapshot.ok()) outgoing_[id] = Outgoing{transfer_id, true};
-    }
-  }
-  if (!snapshot.ok()) {
-    if (offer.has_value()) nccl_.Withdraw(*offer);
-    fail(snapshot.status());
-    return;
-  }
-  SendOptions options;
-  options.target = request.target();
-  options.target_token = request.target_token();
-  options.transfer_id = transfer_id;
-  options.deadline = deadline;
-  options.max_message_bytes = options_.max_message_bytes;
-  options.chunk_bytes =
-      std::min<int64_t>(4 << 20, options_.max_message_bytes / 2);
-  options.fault = options_.transfer_fault;
-  // The session is frozen: its block tables hold still while it moves.
-  std::vector<std::optional<BlockTable>> tables(snapshot->layers.size());
-  auto TableOf = [&](int32_t layer) -> absl::StatusOr<std::span<const PageId>> {
-    if (!tables[layer].has_value()) {
-      absl::StatusOr<BlockTable> table = store_->GetBlockTable(id, layer);
-      if (!table.ok()) return table.status();
-      tables[layer] = *std::move(table);
-    }
-    return std::span<const PageId>(tables[layer]->pages);
-  };
-  if (offer.has_value()) {
-    options.nccl_offer = offer;
-    options.nccl_connect = [&] {
-      return nccl_.Connect(request.target(), *offer, memory->device().ordinal,
-                           deadline);
-    };
-    options.nccl_move = [&](NcclChannel& channel, int32_t layer, int64_t first,
-                            int64_t n) -> absl::Status {
-      absl::StatusOr<std::span<const PageId>> pages = TableOf(layer);
-      if (!pages.ok()) return pages.status();
-      return channel.Move(*memory, page_layout, *pages, first, n);
-    };
-  }
-  if ((transport == "" || transport == "auto" || transport == "tcp") &&
-      tcp_usable) {
-    options.tcp_offer = true;
-    options.tcp_required = transport == "tcp";
-    // A host pool's frozen pages are sent as they lie, without a copy.
-    if (std::byte* arena = memory->host_data(); arena != nullptr) {
-      options.spans = [&, arena](int32_t layer, int64_t first, int64_t n,
-                                 SlotSpans* out) -> absl::Status {
-        absl::StatusOr<std::span<const PageId>> pages = TableOf(layer);
-        if (!pages.ok()) return pages.status();
-        HostSlotSpans(arena, page_layout, *pages, first, n, out);
-        return absl::OkStatus();
-      };
-    }
-  }
-  options.token_bytes = token_bytes;
-  const SendResult sent = SendSession(
-      *snapshot,
-      [&](int32_t layer, int64_t first, int64_t n, std::span<std::byte> keys,
-          std::span<std::byte> values) {
-        return store_->ReadSlots(id, layer, first, n, keys, values);
-      },
-      options);
-  // An offer the target did not take: a reused link it named is dropped.
-  if (offer.has_value() && sent.transport != "nccl") nccl_.Withdraw(*offer);
-  if (options_.on_transfer) {
-    options_.on_transfer(TransferReport{sent.transport, /*outgoing=*/true,
-                                        sent.status.code(), sent.bytes,
-                                        absl::Now() - start});
-  }
-
-  absl::MutexLock lock(&transfers_mu_);
-  if (sent.status.ok()) {
-    outgoing_.erase(id);
-    store_->FinishTransfer(id, /*committed=*/true).IgnoreError();
-    response->set_session_id(SessionName(id));
-    response->set_transfer_id(transfer_id);
-    response->set_transport(sent.transport);
-    response->set_bytes(sent.bytes);
-    response->set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+    resp->set_session_id(SessionName(id));
+    resp->set_transfer_id(outcome.transfer_id);
+    resp->set_transport(std::string(TransportName(outcome.transport)));
+    resp->set_bytes(outcome.bytes);
+    resp->set_seconds(absl::ToDoubleSeconds(outcome.duration));
     LogEvent("transfer", absl::StrCat("session=", SessionName(id), " target=",
-                                      request.target(), " bytes=", sent.bytes));
+                                      target, " bytes=", outcome.bytes));
     reactor->Finish(grpc::Status::OK);
-    return;
-  }
-  if (!sent.in_doubt) {
-    // Nothing was committed: the session serves here again, unchanged.
-    outgoing_.erase(id);
-    store_->FinishTransfer(id, /*committed=*/false).IgnoreError();
-    fail(absl::Status(sent.status.code(),
-                      absl::StrCat("session ", SessionName(id),
-                                   " stays here: ", sent.status.message())));
-    return;
-  }
-  outgoing_[id].running = false;
-  fail(absl::UnavailableError(absl::StrCat(
-      "session ", SessionName(id), ": the answer to the commit was lost (",
-      sent.status.message(),
-      "); the session stays frozen here until "
-      "TransferSession is retried with transfer_id ",
-      transfer_id)));
-}
-
-grpc::ServerBidiReactor<v1::TransferMessage, v1::TransferReply>*
-KvKeepService::ReceiveSession(grpc::CallbackServerContext* ctx) {
-  return NewReceiveReactor(
-      store_, &transfer_log_, ctx,
-      [this](const grpc::CallbackServerContext& c) { return Authenticate(c); },
-      !options_.tenants_by_token.empty(), options_.on_transfer, &nccl_,
-      options_.tcp);
+  });
+  return reactor;
 }
 
 }  // namespace kvkeep

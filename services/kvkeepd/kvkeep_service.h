@@ -1,8 +1,10 @@
 // KvKeepService: the kvkeep.v1.KvKeep gRPC service over a CacheStore. An
 // adapter only: it authenticates the caller, checks the session's tenant,
 // translates messages to and from the domain, and maps statuses; the store
-// does the work. Built on gRPC's callback API: one session's messages on a
-// stream are handled in order, different sessions in parallel.
+// does the work, and session transfers are the transfer module's
+// (services/transfer/transfer_coordinator.h). Built on gRPC's callback API: one
+// session's messages on a stream are handled in order, different sessions in
+// parallel.
 //
 // Thread-safe.
 #ifndef KVKEEP_SERVICES_KVKEEPD_KVKEEP_SERVICE_H_
@@ -20,7 +22,10 @@
 #include "absl/time/time.h"
 #include "cache_store/cache_store.h"
 #include "kvkeep/v1/kvkeep.grpc.pb.h"
-#include "services/kvkeepd/session_transfer.h"
+#include "services/transfer/page_transport.h"
+#include "services/transfer/session_state.h"
+#include "services/transfer/tcp_transport.h"
+#include "services/transfer/transfer_coordinator.h"
 
 namespace kvkeep {
 
@@ -32,13 +37,14 @@ struct ServiceOptions {
   int64_t max_message_bytes = 64 << 20;  // in ServerInfo; bounds ReadKv chunks
   std::string backend = "host";
   bool log_events = false;  // a line on stderr per create/close and error
-  // Test-only: changes a TransferSession chunk after its checksum is made.
-  std::function<void(int64_t chunk, v1::TransferChunk&)> transfer_fault;
   // Told about every transfer sent or received (metrics); may be empty.
   TransferObserver on_transfer;
   // The data socket incoming transfers may use (the tcp transport); null:
   // they come in chunk messages. Must outlive the service.
   TcpTransport* tcp = nullptr;
+  // Wraps each outgoing transfer's page sender (TransferOptions::
+  // wrap_sender: tests and kvkeepd_testing inject faulty transports).
+  PageSenderWrapper wrap_transfer_sender;
 };
 
 class KvKeepService final : public v1::KvKeep::CallbackService {
@@ -83,12 +89,12 @@ class KvKeepService final : public v1::KvKeep::CallbackService {
   grpc::ServerUnaryReactor* TransferSession(
       grpc::CallbackServerContext* ctx, const v1::TransferSessionRequest* req,
       v1::TransferSessionResponse* resp) override;
-  grpc::ServerBidiReactor<v1::TransferMessage, v1::TransferReply>*
-  ReceiveSession(grpc::CallbackServerContext* ctx) override;
+  // ReceiveSession is registered raw in the constructor (the transfer
+  // module's receiver reads chunks in place): the typed override is unused.
 
   // Waits for transfers still sending (their calls have been answered, or
   // the server is shutting down).
-  ~KvKeepService() override;
+  ~KvKeepService() override = default;
 
   // The caller's tenant: UNAUTHENTICATED without a valid bearer token when
   // tokens are configured.
@@ -115,27 +121,10 @@ class KvKeepService final : public v1::KvKeep::CallbackService {
                                   absl::string_view method,
                                   const std::function<absl::Status()>& fn);
 
-  // Runs one TransferSession on its own thread (it is a client of the
-  // target for as long as the bytes take).
-  void RunTransfer(SessionId id, v1::TransferSessionRequest request,
-                   absl::Time deadline, grpc::ServerUnaryReactor* reactor,
-                   v1::TransferSessionResponse* response);
-
   CacheStore* const store_;
   const ServiceOptions options_;
-  TransferLog transfer_log_;  // transfers committed here as the target
-  NcclTransport nccl_;        // links to other stores' GPUs, both ways
-  absl::Mutex transfers_mu_;
-  // Sessions being sent: their transfer id, and whether a send is running
-  // (not running: the commit's outcome is unknown; a retry with the same id
-  // finishes it).
-  struct Outgoing {
-    std::string transfer_id;
-    bool running = false;
-  };
-  absl::flat_hash_map<SessionId, Outgoing> outgoing_
-      ABSL_GUARDED_BY(transfers_mu_);
-  int64_t sending_ ABSL_GUARDED_BY(transfers_mu_) = 0;  // threads running
+  // Last: its destructor waits for sends whose callbacks use the rest.
+  TransferCoordinator transfers_;
 };
 
 }  // namespace kvkeep

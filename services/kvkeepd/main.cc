@@ -31,13 +31,14 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "services/kvkeepd/daemon_hooks.h"
 #include "services/kvkeepd/kvkeep_service.h"
 #include "services/kvkeepd/server_config.h"
-#include "services/kvkeepd/tcp_transport.h"
 #include "services/metrics/metrics_server.h"
 #include "services/metrics/rpc_metrics.h"
 #include "services/metrics/store_metrics.h"
 #include "services/metrics/transfer_metrics.h"
+#include "services/transfer/tcp_transport.h"
 
 // Flags override the config file; each one's "unset" value (empty, -1)
 // leaves the file's (or the embedded default's) setting alone.
@@ -72,12 +73,6 @@ ABSL_FLAG(bool, log_events, false,
           "log one line per session create/close and per error (stderr)");
 ABSL_FLAG(bool, self_check, true,
           "decode a short demo session through the store before serving");
-// Test-only fault injection for TransferSession (tests/service/
-// transfer_process_test.cc); never set them in production.
-ABSL_FLAG(int64_t, test_transfer_chunk_delay_ms, 0,
-          "test only: pause before sending each transfer chunk");
-ABSL_FLAG(int64_t, test_corrupt_transfer_chunk, -1,
-          "test only: flip a bit of this transfer chunk after its checksum");
 ABSL_FLAG(std::string, device, "",
           "where the pools live: host (default), auto, cuda or cuda:N");
 ABSL_FLAG(bool, share_pools, false,
@@ -350,18 +345,10 @@ int Main(int argc, char** argv) {
   service_options.backend = device->name();
   TransferMetrics transfer_metrics(*registry);
   service_options.on_transfer = [&transfer_metrics](const TransferReport& r) {
-    transfer_metrics.Record(r.transport, r.outgoing, r.code, r.bytes,
-                            r.duration);
+    transfer_metrics.Record(std::string(TransportName(r.transport)), r.outgoing,
+                            r.code, r.bytes, r.duration);
   };
-  const int64_t delay_ms = absl::GetFlag(FLAGS_test_transfer_chunk_delay_ms);
-  const int64_t corrupt = absl::GetFlag(FLAGS_test_corrupt_transfer_chunk);
-  if (delay_ms > 0 || corrupt >= 0) {
-    service_options.transfer_fault = [delay_ms, corrupt](int64_t chunk,
-                                                         v1::TransferChunk& c) {
-      absl::SleepFor(absl::Milliseconds(delay_ms));
-      if (chunk == corrupt && !c.keys().empty()) c.mutable_keys()->at(0) ^= 1;
-    };
-  }
+  AddDaemonHooks(&service_options);
   std::unique_ptr<TcpTransport> tcp;
   if (const std::string data = TransferListenAddress(*config); !data.empty()) {
     absl::StatusOr<std::unique_ptr<TcpTransport>> listening =

@@ -5,7 +5,7 @@
 // header writes it; DataSocket deadlines, peer closes and Shutdown;
 // TcpTransport tickets (expected, welcomed, awaited, withdrawn, spent,
 // forged) and its shutdown; TargetHost over gRPC target forms.
-#include "services/kvkeepd/tcp_transport.h"
+#include "services/transfer/tcp_transport.h"
 
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -31,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "cache_store/slot_spans.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/dtype.h"
@@ -39,6 +40,12 @@
 
 namespace kvkeep {
 namespace {
+
+// `chunk`, sent with `crc` as its checksum whatever its bytes.
+Chunk Claiming(Chunk chunk, uint32_t crc) {
+  chunk.crc32c = crc;
+  return chunk;
+}
 
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
@@ -260,12 +267,12 @@ TEST_F(SlotStreamTest, ChunksArriveSlotForSlotIntoAnotherBlockTable) {
   // pass, so the large chunk's passes split pieces.
   const PageLayout layout{7, /*kv_heads=*/4, /*head_dim=*/64, DType::kF32};
   const std::vector<int64_t> layer_slots = {40, 1000, 10};
-  struct Chunk {
+  struct Run {
     int32_t layer;
     int64_t first;
     int64_t slots;
   };
-  const std::vector<Chunk> chunks = {
+  const std::vector<Run> chunks = {
       {0, 0, 3}, {0, 3, 37}, {1, 0, 1000}, {2, 0, 4}, {2, 4, 6}};
   ASSERT_GT(2 * 1000 * layout.token_bytes(), 512 * 1024);
 
@@ -294,11 +301,11 @@ TEST_F(SlotStreamTest, ChunksArriveSlotForSlotIntoAnotherBlockTable) {
   absl::Status verdict = absl::UnknownError("not awaited");
   std::thread sender([&] {
     SlotStream out(&sender_, Deadline());
-    for (const Chunk& c : chunks) {
+    for (const Run& c : chunks) {
       SlotSpans spans;
       HostSlotSpans(a.data(), layout, a_tables[c.layer], c.first, c.slots,
                     &spans);
-      sent = out.SendChunk(c.layer, c.first, c.slots, spans);
+      sent = out.SendChunk(ChunkOf(c.layer, c.first, c.slots, spans));
       if (!sent.ok()) return;
     }
     verdict = out.AwaitVerdict();
@@ -306,14 +313,14 @@ TEST_F(SlotStreamTest, ChunksArriveSlotForSlotIntoAnotherBlockTable) {
 
   SlotStream in(&target_, Deadline());
   bool all_ok = true;
-  for (const Chunk& c : chunks) {
+  for (const Run& c : chunks) {
     SCOPED_TRACE(absl::StrCat("layer ", c.layer, " slot ", c.first));
-    absl::StatusOr<SlotStream::ChunkHeader> header = in.ReceiveChunkHeader();
+    absl::StatusOr<Chunk> header = in.ReceiveChunkHeader();
     all_ok = header.ok();
     EXPECT_TRUE(header.ok()) << header.status();
     if (!all_ok) break;
     EXPECT_EQ(header->layer, c.layer);
-    EXPECT_EQ(header->first, c.first);
+    EXPECT_EQ(header->first_slot, c.first);
     EXPECT_EQ(header->slots, c.slots);
     SlotSpans spans;
     HostSlotSpans(b.data(), layout, b_tables[c.layer], c.first, c.slots,
@@ -355,7 +362,9 @@ TEST_F(SlotStreamTest, ChunkWireForm) {
   const std::vector<PageId> pages = {2, 0};
   SlotSpans spans;
   HostSlotSpans(arena.data(), layout, pages, 1, 4, &spans);
-  ASSERT_TRUE(SlotStream(&sender_, Deadline()).SendChunk(-3, 1, 4, spans).ok());
+  ASSERT_TRUE(SlotStream(&sender_, Deadline())
+                  .SendChunk(ChunkOf(-3, 1, 4, spans))
+                  .ok());
 
   const size_t kv = 4 * layout.token_bytes();
   absl::StatusOr<std::string> wire =
@@ -424,16 +433,18 @@ TEST_F(SlotStreamTest, ClaimedCrcIsSentAndChecked) {
   SlotStream out(&sender_, Deadline());
   SlotStream in(&target_, Deadline());
   // The true checksum, claimed: the chunk checks out.
-  ASSERT_TRUE(out.SendChunk(0, 2, 5, out_spans, crc).ok());
-  absl::StatusOr<SlotStream::ChunkHeader> header = in.ReceiveChunkHeader();
+  ASSERT_TRUE(out.SendChunk(Claiming(ChunkOf(0, 2, 5, out_spans), crc)).ok());
+  absl::StatusOr<Chunk> header = in.ReceiveChunkHeader();
   ASSERT_TRUE(header.ok()) << header.status();
   EXPECT_TRUE(in.ReceiveChunk(*header, in_spans).ok());
   EXPECT_EQ(Concat(in_spans.keys), Concat(out_spans.keys));
 
   // Any other: DATA_LOSS, saying which check failed; the stream stays
   // framed, so the next chunk is read from its header on.
-  ASSERT_TRUE(out.SendChunk(1, 2, 5, out_spans, crc ^ 0x00010000u).ok());
-  ASSERT_TRUE(out.SendChunk(2, 2, 5, out_spans).ok());
+  ASSERT_TRUE(
+      out.SendChunk(Claiming(ChunkOf(1, 2, 5, out_spans), crc ^ 0x00010000u))
+          .ok());
+  ASSERT_TRUE(out.SendChunk(ChunkOf(2, 2, 5, out_spans)).ok());
   header = in.ReceiveChunkHeader();
   ASSERT_TRUE(header.ok()) << header.status();
   EXPECT_EQ(header->layer, 1);
@@ -450,7 +461,7 @@ TEST_F(SlotStreamTest, GarbageInsteadOfAChunkHeader) {
   const std::string garbage = "this is no chunk header!";
   ASSERT_EQ(garbage.size(), 24u);
   ASSERT_TRUE(SendBytes(sender_, garbage, Deadline()).ok());
-  absl::StatusOr<SlotStream::ChunkHeader> header =
+  absl::StatusOr<Chunk> header =
       SlotStream(&target_, Deadline()).ReceiveChunkHeader();
   EXPECT_EQ(header.status().code(), absl::StatusCode::kInvalidArgument)
       << header.status();
@@ -539,7 +550,7 @@ TEST_F(SlotStreamTest, DrainLetsTheSenderFinishAndHearTheVerdict) {
     SlotStream out(&sender_, Deadline());
     SlotSpans spans;
     HostSlotSpans(a.data(), layout, pages, 0, kSlots, &spans);
-    sent = out.SendChunk(0, 0, kSlots, spans);
+    sent = out.SendChunk(ChunkOf(0, 0, kSlots, spans));
     verdict = out.AwaitVerdict();
     sender_ = DataSocket();  // the sender hangs up, ending the drain
   });

@@ -8,6 +8,7 @@
 //
 // Waits have a generous limit only so that a hang fails the test; no test
 // measures time.
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <fstream>
@@ -18,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
@@ -56,9 +58,14 @@ std::string ConfigFile() {
   return path;
 }
 
+// With a --test_* flag, the daemon is kvkeepd_testing (kvkeepd has none).
 Daemon Start(std::vector<std::string> extra = {}) {
+  const bool testing = std::any_of(extra.begin(), extra.end(), [](auto& a) {
+    return absl::StartsWith(a, "--test_");
+  });
   std::vector<std::string> argv = {
-      KVKEEPD_BINARY, "--config=" + ConfigFile(), "--listen=127.0.0.1:0",
+      testing ? KVKEEPD_TESTING_BINARY : KVKEEPD_BINARY,
+      "--config=" + ConfigFile(), "--listen=127.0.0.1:0",
       "--metrics_listen=127.0.0.1:0", "--self_check=false"};
   argv.insert(argv.end(), extra.begin(), extra.end());
   Daemon d;
@@ -235,7 +242,8 @@ class KilledTargetTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(KilledTargetTest, TheSessionStaysHereAndARetrySucceeds) {
   const std::string transport = GetParam();
-  // The source sends slowly (test-only delay), so SIGKILL lands mid-way.
+  // The source sends slowly (kvkeepd_testing's delay), so SIGKILL lands
+  // mid-way.
   Daemon a = Start({"--test_transfer_chunk_delay_ms=300",
                     "--test_corrupt_transfer_chunk=-1"});
   Daemon b = Start();

@@ -28,9 +28,12 @@
 #include "gtest/gtest.h"
 #include "services/client/kvkeep_client.h"
 #include "services/kvkeepd/kvkeep_service.h"
-#include "services/kvkeepd/session_transfer.h"
-#include "services/kvkeepd/tcp_transport.h"
+#include "services/transfer/chunk_wire.h"
+#include "services/transfer/session_receiver.h"
+#include "services/transfer/session_state.h"
+#include "services/transfer/tcp_transport.h"
 #include "tests/service/metrics_testing.h"
+#include "tests/testing/faulty_page_sender.h"
 
 namespace kvkeep {
 namespace {
@@ -103,7 +106,7 @@ class Store {
 };
 
 // A target whose ReceiveSession is registered raw, as a service switches to
-// it (session_transfer.h): its own store and transfer log, nothing else.
+// it (session_receiver.h): its own store and transfer log, nothing else.
 class RawTarget {
  public:
   explicit RawTarget(int64_t pages) {
@@ -131,16 +134,14 @@ class RawTarget {
   class Service final : public v1::KvKeep::CallbackService {
    public:
     Service(CacheStore* store, TransferLog* log) {
-      MarkMethodRawCallback(
-          ReceiveSessionMethodIndex(),
-          RawReceiveSessionHandler([store,
-                                    log](grpc::CallbackServerContext* ctx) {
-            return NewRawReceiveReactor(
-                store, log, ctx,
-                [](const grpc::CallbackServerContext&)
-                    -> absl::StatusOr<std::string> { return std::string(); },
-                /*tenants_configured=*/false, nullptr);
-          }));
+      MarkMethodRawCallback(ReceiveSessionMethodIndex(),
+                            RawReceiveSessionHandler(
+                                [store, log](grpc::CallbackServerContext* ctx) {
+                                  return NewReceiveReactor(
+                                      store, log, ctx, std::string(),
+                                      /*tenants_configured=*/false, nullptr,
+                                      nullptr, nullptr);
+                                }));
     }
   };
 
@@ -466,9 +467,14 @@ TEST_P(EachTransport, ACorruptedChunkIsCaughtAndARetrySucceeds) {
   const std::string transport = GetParam();
   std::atomic<bool> corrupt{true};
   ServiceOptions options;
-  options.transfer_fault = [&](int64_t chunk, v1::TransferChunk& c) {
-    if (corrupt && chunk == 1) c.mutable_values()->at(3) ^= 0x40;
-  };
+  options.wrap_transfer_sender = testing::FaultyTransport([&](int64_t chunk) {
+    testing::ChunkFault fault;
+    fault.corrupt = corrupt && chunk == 1;
+    fault.in_values = true;
+    fault.byte = 3;
+    fault.mask = 0x40;
+    return fault;
+  });
   Store source(256, options), target(256);
   std::mt19937 rng(3);
   const client::Session s = Decoded(source, "h2o", rng);
@@ -516,12 +522,13 @@ TEST_P(EachTransport, ASessionBeingSentTakesNoChangesAndADeadlineAbortsIt) {
   absl::Notification sending;
   absl::Notification release;
   ServiceOptions options;
-  options.transfer_fault = [&](int64_t chunk, v1::TransferChunk&) {
+  options.wrap_transfer_sender = testing::FaultyTransport([&](int64_t chunk) {
     if (chunk == 0) {
       sending.Notify();
       release.WaitForNotificationWithTimeout(absl::Seconds(30));
     }
-  };
+    return testing::ChunkFault{};
+  });
   Store source(256, options), target(256);
   std::mt19937 rng(5);
   const client::Session s = Decoded(source, "h2o", rng);
@@ -563,9 +570,13 @@ TEST_P(EachTransport, ASessionBeingSentTakesNoChangesAndADeadlineAbortsIt) {
 TEST(TransferTest, ARawTargetReceivesTheSameSessionAndChecksEveryChunk) {
   std::atomic<bool> corrupt{true};
   ServiceOptions options;
-  options.transfer_fault = [&](int64_t chunk, v1::TransferChunk& c) {
-    if (corrupt && chunk == 1) c.mutable_keys()->at(5) ^= 0x02;
-  };
+  options.wrap_transfer_sender = testing::FaultyTransport([&](int64_t chunk) {
+    testing::ChunkFault fault;
+    fault.corrupt = corrupt && chunk == 1;
+    fault.byte = 5;
+    fault.mask = 0x02;
+    return fault;
+  });
   Store source(256, options), reference(256);
   RawTarget target(256), full(4);
   std::mt19937 rng(6);
@@ -700,17 +711,31 @@ TEST(TransferWireTest, AChunkMessageIsWhatProtobufSerializes) {
          {int64_t{0}, int64_t{5}, int64_t{1} << 40}) {
       for (const int64_t kv_bytes : {0, 1, 127, 128, 70000}) {
         for (const uint32_t crc : {0u, 1u, 0xE3069283u}) {
-          ChunkMessage m(layer, first_slot, kv_bytes);
-          for (std::byte& b : m.keys()) b = static_cast<std::byte>(rng());
-          for (std::byte& b : m.values()) b = static_cast<std::byte>(rng());
+          std::string keys(kv_bytes, '\0'), values(kv_bytes, '\0');
+          for (char& b : keys) b = static_cast<char>(rng());
+          for (char& b : values) b = static_cast<char>(rng());
+          Chunk m;
+          m.layer = layer;
+          m.first_slot = first_slot;
+          // In pieces, as a host pool's pages give them.
+          const std::span<const std::byte> k = std::as_bytes(std::span(keys));
+          const std::span<const std::byte> v = std::as_bytes(std::span(values));
+          m.keys = {k.first(kv_bytes / 3), k.subspan(kv_bytes / 3)};
+          m.values = {v};
+          m.crc32c = crc;
           v1::TransferMessage expected;
           v1::TransferChunk* c = expected.mutable_chunk();
           c->set_layer(layer);
           c->set_first_slot(first_slot);
-          c->set_keys(m.keys().data(), m.keys().size());
-          c->set_values(m.values().data(), m.values().size());
+          c->set_keys(keys);
+          c->set_values(values);
           c->set_crc32c(crc);
-          const std::string bytes = Flatten(std::move(m).Finish(crc));
+          const std::string bytes = Flatten(EncodeChunk(m));
+          // Unclaimed, the checksum is the bytes' own.
+          m.crc32c.reset();
+          c->set_crc32c(ChunkCrc32c(m));
+          EXPECT_EQ(Flatten(EncodeChunk(m)), expected.SerializeAsString());
+          c->set_crc32c(crc);
           EXPECT_EQ(bytes, expected.SerializeAsString())
               << layer << " " << first_slot << " " << kv_bytes << " " << crc;
           v1::TransferMessage parsed;
@@ -736,11 +761,11 @@ TEST(TransferWireTest, AChunkIsReadInPlaceFromAnySplit) {
   c->set_values(values);
   c->set_crc32c(0xDEADBEEF);
   const std::string bytes = message.SerializeAsString();
-  auto check = [&](const grpc::ByteBuffer& buffer) {
-    absl::StatusOr<std::optional<ChunkView>> view = ReadChunk(buffer);
+  auto check = [&](grpc::ByteBuffer buffer) {
+    absl::StatusOr<std::optional<Chunk>> view = DecodeChunk(buffer);
     ASSERT_TRUE(view.ok()) << view.status();
     ASSERT_TRUE(view->has_value());
-    const ChunkView& v = **view;
+    const Chunk& v = **view;
     EXPECT_EQ(v.layer, 3);
     EXPECT_EQ(v.first_slot, 77);
     EXPECT_EQ(v.crc32c, 0xDEADBEEFu);
@@ -776,8 +801,8 @@ TEST(TransferWireTest, OtherMessagesAreLeftToProtobufAndGarbageIsRefused) {
   v1::TransferMessage commit;
   commit.set_commit(true);
   for (const v1::TransferMessage& m : {header, commit}) {
-    absl::StatusOr<std::optional<ChunkView>> view =
-        ReadChunk(Split(m.SerializeAsString(), {}));
+    grpc::ByteBuffer buffer = Split(m.SerializeAsString(), {});
+    absl::StatusOr<std::optional<Chunk>> view = DecodeChunk(buffer);
     ASSERT_TRUE(view.ok()) << view.status();
     EXPECT_FALSE(view->has_value());
   }
@@ -786,14 +811,16 @@ TEST(TransferWireTest, OtherMessagesAreLeftToProtobufAndGarbageIsRefused) {
   chunk.mutable_chunk()->set_keys("abcd");
   const std::string both =
       chunk.SerializeAsString() + commit.SerializeAsString();
-  absl::StatusOr<std::optional<ChunkView>> view = ReadChunk(Split(both, {3}));
+  grpc::ByteBuffer split = Split(both, {3});
+  absl::StatusOr<std::optional<Chunk>> view = DecodeChunk(split);
   ASSERT_TRUE(view.ok());
   EXPECT_FALSE(view->has_value());
   // Truncated anywhere inside: malformed.
   chunk.mutable_chunk()->set_crc32c(7);
   const std::string bytes = chunk.SerializeAsString();
   for (size_t len = 1; len < bytes.size(); ++len) {
-    view = ReadChunk(Split(bytes.substr(0, len), {}));
+    grpc::ByteBuffer truncated = Split(bytes.substr(0, len), {});
+    view = DecodeChunk(truncated);
     EXPECT_EQ(view.status().code(), absl::StatusCode::kInvalidArgument) << len;
   }
 }

@@ -1,4 +1,4 @@
-#include "services/kvkeepd/tcp_transport.h"
+#include "services/transfer/tcp_transport.h"
 
 #include <fcntl.h>
 #include <netdb.h>
@@ -110,8 +110,8 @@ absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(
 
 // The pieces of `spans` (keys, then values) cut into passes of about
 // kPassBytes: calls `pass` with each.
-template <typename Fn>
-absl::Status ForEachPass(const SlotSpans& spans, Fn&& pass) {
+template <typename Spans, typename Fn>
+absl::Status ForEachPass(const Spans& spans, Fn&& pass) {
   std::vector<std::span<const std::byte>> pieces;
   size_t bytes = 0;
   for (const auto* side : {&spans.keys, &spans.values}) {
@@ -132,7 +132,8 @@ absl::Status ForEachPass(const SlotSpans& spans, Fn&& pass) {
   return pass(pieces, true);
 }
 
-size_t TotalBytes(const SlotSpans& spans) {
+template <typename Spans>
+size_t TotalBytes(const Spans& spans) {
   size_t n = 0;
   for (const auto& p : spans.keys) n += p.size();
   for (const auto& p : spans.values) n += p.size();
@@ -140,30 +141,6 @@ size_t TotalBytes(const SlotSpans& spans) {
 }
 
 }  // namespace
-
-void HostSlotSpans(std::byte* arena, const PageLayout& layout,
-                   std::span<const PageId> pages, int64_t first, int64_t n,
-                   SlotSpans* out) {
-  const int64_t token_bytes = layout.token_bytes();
-  auto add = [](std::vector<std::span<std::byte>>& side, std::byte* at,
-                size_t bytes) {
-    if (!side.empty() && side.back().data() + side.back().size() == at) {
-      side.back() = {side.back().data(), side.back().size() + bytes};
-    } else {
-      side.emplace_back(at, bytes);
-    }
-  };
-  for (int64_t slot = first; slot < first + n;) {
-    const PageId page = pages[slot / layout.page_tokens];
-    const int32_t in_page = static_cast<int32_t>(slot % layout.page_tokens);
-    const int64_t run =
-        std::min<int64_t>(layout.page_tokens - in_page, first + n - slot);
-    add(out->keys, arena + layout.key_offset(page, in_page), run * token_bytes);
-    add(out->values, arena + layout.value_offset(page, in_page),
-        run * token_bytes);
-    slot += run;
-  }
-}
 
 std::optional<std::string> TargetHost(absl::string_view target) {
   for (absl::string_view scheme : {"unix:", "unix-abstract:", "vsock:"}) {
@@ -350,21 +327,19 @@ absl::StatusOr<std::string> SlotStream::ReceiveHello(DataSocket& socket,
                      kTicketBytes);
 }
 
-absl::Status SlotStream::SendChunk(int32_t layer, int64_t first, int64_t slots,
-                                   const SlotSpans& spans,
-                                   std::optional<uint32_t> claimed_crc) {
+absl::Status SlotStream::SendChunk(const Chunk& chunk) {
   std::byte header[kChunkHeaderBytes];
   Put32(header, kChunkMagic);
-  Put32(header + 4, static_cast<uint32_t>(layer));
-  Put64(header + 8, static_cast<uint64_t>(first));
-  Put64(header + 16, static_cast<uint64_t>(slots));
+  Put32(header + 4, static_cast<uint32_t>(chunk.layer));
+  Put64(header + 8, static_cast<uint64_t>(chunk.first_slot));
+  Put64(header + 16, static_cast<uint64_t>(chunk.slots));
   // Each pass is sent and then checksummed: the socket's copy reads it from
   // memory, and the checksum then finds it in cache (the frozen pages do
   // not change in between). The checksum goes last, in a trailer.
   uint32_t crc = 0;
   std::vector<iovec> iovs = {Iov(header)};
   absl::Status sent =
-      ForEachPass(spans,
+      ForEachPass(chunk,
                   [&](std::span<const std::span<const std::byte>> pieces,
                       bool) -> absl::Status {
                     for (std::span<const std::byte> p : pieces)
@@ -378,7 +353,7 @@ absl::Status SlotStream::SendChunk(int32_t layer, int64_t first, int64_t slots,
                   });
   if (!sent.ok()) return sent;
   std::byte trailer[4];
-  Put32(trailer, claimed_crc.value_or(crc));
+  Put32(trailer, chunk.crc32c.value_or(crc));
   iovec v = Iov(trailer);
   return socket_->Send({&v, 1}, deadline_);
 }
@@ -407,27 +382,27 @@ absl::Status SlotStream::AwaitVerdict() {
                                        : absl::Status(code, message);
 }
 
-absl::StatusOr<SlotStream::ChunkHeader> SlotStream::ReceiveChunkHeader() {
+absl::StatusOr<Chunk> SlotStream::ReceiveChunkHeader() {
   std::byte header[kChunkHeaderBytes];
   iovec v = Iov(header);
   if (absl::Status s = socket_->Receive({&v, 1}, deadline_); !s.ok()) return s;
   if (Get32(header) != kChunkMagic) {
     return absl::InvalidArgumentError("data socket: not a chunk header");
   }
-  ChunkHeader h;
+  Chunk h;
   h.layer = static_cast<int32_t>(Get32(header + 4));
-  h.first = static_cast<int64_t>(Get64(header + 8));
+  h.first_slot = static_cast<int64_t>(Get64(header + 8));
   h.slots = static_cast<int64_t>(Get64(header + 16));
   return h;
 }
 
-absl::Status SlotStream::ReceiveChunk(const ChunkHeader& header,
-                                      const SlotSpans& spans) {
+absl::Status SlotStream::ReceiveChunk(const Chunk& header,
+                                      const SlotSpans& into) {
   std::byte trailer[4];
   uint32_t crc = 0;
   std::vector<iovec> iovs;
   absl::Status s =
-      ForEachPass(spans,
+      ForEachPass(into,
                   [&](std::span<const std::span<const std::byte>> pieces,
                       bool last) -> absl::Status {
                     for (std::span<const std::byte> p : pieces)
@@ -443,9 +418,9 @@ absl::Status SlotStream::ReceiveChunk(const ChunkHeader& header,
   if (!s.ok()) return s;
   if (crc != Get32(trailer)) {
     return absl::DataLossError(
-        absl::StrCat("layer ", header.layer, " slot ", header.first,
+        absl::StrCat("layer ", header.layer, " slot ", header.first_slot,
                      ": the chunk's CRC32C does not match its bytes (",
-                     TotalBytes(spans), " bytes over the data socket)"));
+                     TotalBytes(into), " bytes over the data socket)"));
   }
   return absl::OkStatus();
 }

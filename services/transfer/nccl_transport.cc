@@ -1,4 +1,4 @@
-#include "services/kvkeepd/nccl_transport.h"
+#include "services/transfer/nccl_transport.h"
 
 #include <algorithm>
 #include <utility>

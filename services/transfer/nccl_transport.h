@@ -8,8 +8,8 @@
 // reused. Without the CUDA backend or NCCL every answer is "not here".
 //
 // Thread-safe.
-#ifndef KVKEEP_SERVICES_KVKEEPD_NCCL_TRANSPORT_H_
-#define KVKEEP_SERVICES_KVKEEPD_NCCL_TRANSPORT_H_
+#ifndef KVKEEP_SERVICES_TRANSFER_NCCL_TRANSPORT_H_
+#define KVKEEP_SERVICES_TRANSFER_NCCL_TRANSPORT_H_
 
 #include <cstdint>
 #include <functional>
@@ -24,7 +24,7 @@
 #include "absl/time/time.h"
 #include "cache_store/page_memory.h"
 #include "kvkeep/v1/kvkeep.pb.h"
-#include "services/kvkeepd/aside_threads.h"
+#include "services/transfer/aside_threads.h"
 
 namespace kvkeep {
 
@@ -109,4 +109,4 @@ class NcclTransport {
 
 }  // namespace kvkeep
 
-#endif  // KVKEEP_SERVICES_KVKEEPD_NCCL_TRANSPORT_H_
+#endif  // KVKEEP_SERVICES_TRANSFER_NCCL_TRANSPORT_H_

@@ -22,8 +22,8 @@
 //
 // Thread-safe: TcpTransport is; a DataSocket or SlotStream is used by one
 // thread at a time, except DataSocket::Shutdown, which any thread may call.
-#ifndef KVKEEP_SERVICES_KVKEEPD_TCP_TRANSPORT_H_
-#define KVKEEP_SERVICES_KVKEEPD_TCP_TRANSPORT_H_
+#ifndef KVKEEP_SERVICES_TRANSFER_TCP_TRANSPORT_H_
+#define KVKEEP_SERVICES_TRANSFER_TCP_TRANSPORT_H_
 
 #include <sys/uio.h>
 
@@ -45,22 +45,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kernels/page_layout.h"
-#include "services/kvkeepd/aside_threads.h"
+#include "services/transfer/aside_threads.h"
+#include "services/transfer/chunk.h"
 
 namespace kvkeep {
-
-// Where slots' bytes lie: their keys, then their values, each in pieces.
-struct SlotSpans {
-  std::vector<std::span<std::byte>> keys;
-  std::vector<std::span<std::byte>> values;
-};
-
-// The pieces, in a host arena of pages of `layout`, of slots [first, first +
-// n) of a layer whose block table is `pages` (one piece per page touched, for
-// the keys and for the values).
-void HostSlotSpans(std::byte* arena, const PageLayout& layout,
-                   std::span<const PageId> pages, int64_t first, int64_t n,
-                   SlotSpans* out);
 
 // The host of a gRPC target ("host:port", "[v6]:port", "dns:///host:port",
 // "ipv4:..."), where its data socket is; nullopt for targets that name no
@@ -112,14 +100,10 @@ class SlotStream {
   // that says it was the right store and ticket (an error otherwise).
   absl::Status SendHello(absl::string_view ticket);
   absl::Status AwaitWelcome(absl::Time deadline);
-  // One chunk: slots [first, first + slots) of `layer`, whose bytes `spans`
-  // holds and which must not change until it returns. The checksum is
-  // computed a piece at a time just after the piece is sent, so the bytes
-  // are read from memory once; `claimed_crc`, if set, is sent instead of it
-  // (the fault hook's corrupted chunks).
-  absl::Status SendChunk(int32_t layer, int64_t first, int64_t slots,
-                         const SlotSpans& spans,
-                         std::optional<uint32_t> claimed_crc = std::nullopt);
+  // One chunk, whose bytes must not change until it returns. The checksum
+  // is computed a piece at a time just after the piece is sent, so the
+  // bytes are read from memory once; chunk.crc32c, if set, is sent instead.
+  absl::Status SendChunk(const Chunk& chunk);
   // The target's verdict if it has come already (a failure cuts the send
   // short), nullopt if not.
   std::optional<absl::Status> EarlyVerdict();
@@ -130,15 +114,11 @@ class SlotStream {
   // Target. The ticket of the hello (INVALID_ARGUMENT if it is not one).
   static absl::StatusOr<std::string> ReceiveHello(DataSocket& socket,
                                                   absl::Time deadline);
-  struct ChunkHeader {
-    int32_t layer = 0;
-    int64_t first = 0;
-    int64_t slots = 0;
-  };
-  absl::StatusOr<ChunkHeader> ReceiveChunkHeader();
-  // The chunk's bytes into `spans` (exactly its keys and values), then its
+  // A chunk's layer, first slot and slot count (no bytes yet).
+  absl::StatusOr<Chunk> ReceiveChunkHeader();
+  // The chunk's bytes into `into` (exactly its keys and values), then its
   // checksum: DATA_LOSS if it does not match what arrived.
-  absl::Status ReceiveChunk(const ChunkHeader& header, const SlotSpans& spans);
+  absl::Status ReceiveChunk(const Chunk& header, const SlotSpans& into);
   // Sends `status` as the verdict. After a failure, the sender may still be
   // sending: Drain reads and drops its bytes until it closes (or the
   // deadline), so the verdict is not lost to a reset connection.
@@ -204,4 +184,4 @@ class TcpTransport {
 
 }  // namespace kvkeep
 
-#endif  // KVKEEP_SERVICES_KVKEEPD_TCP_TRANSPORT_H_
+#endif  // KVKEEP_SERVICES_TRANSFER_TCP_TRANSPORT_H_

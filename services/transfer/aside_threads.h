@@ -3,8 +3,8 @@
 // that never outlives its owner: the destructor waits for every one.
 //
 // Thread-safe.
-#ifndef KVKEEP_SERVICES_KVKEEPD_ASIDE_THREADS_H_
-#define KVKEEP_SERVICES_KVKEEPD_ASIDE_THREADS_H_
+#ifndef KVKEEP_SERVICES_TRANSFER_ASIDE_THREADS_H_
+#define KVKEEP_SERVICES_TRANSFER_ASIDE_THREADS_H_
 
 #include <atomic>
 #include <functional>
@@ -55,4 +55,4 @@ class AsideThreads {
 
 }  // namespace kvkeep
 
-#endif  // KVKEEP_SERVICES_KVKEEPD_ASIDE_THREADS_H_
+#endif  // KVKEEP_SERVICES_TRANSFER_ASIDE_THREADS_H_

@@ -1,0 +1,83 @@
+#include "services/transfer/session_state.h"
+
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvkeep {
+
+void StateToProto(const SessionSnapshot& s, v1::SessionState* out) {
+  out->set_session_id(SessionName(s.id));
+  out->set_layout(s.layout);
+  out->set_policy(s.policy.name);
+  for (const auto& [k, v] : s.policy.params) {
+    (*out->mutable_policy_params())[k] = v;
+  }
+  out->set_tenant(s.tenant);
+  out->set_last_position(s.last_position);
+  out->set_compressed(s.compressed);
+  out->set_evicted_tokens(s.work.evicted_tokens);
+  out->set_evicted_score(s.work.evicted_score);
+  out->set_score_updates(s.work.score_updates);
+  out->set_evictions(s.work.evictions);
+  for (const LayerSnapshot& l : s.layers) {
+    v1::LayerState* p = out->add_layers();
+    p->mutable_positions()->Add(l.position.begin(), l.position.end());
+    p->mutable_arrivals()->Add(l.arrival.begin(), l.arrival.end());
+    p->mutable_scores()->Add(l.score.begin(), l.score.end());
+    p->mutable_history()->Add(l.history.begin(), l.history.end());
+    p->set_appended(l.appended);
+    p->set_version(l.version);
+    p->set_budget(l.budget);
+  }
+}
+
+absl::StatusOr<SessionSnapshot> StateFromProto(const v1::SessionState& p) {
+  const std::optional<SessionId> id = ParseSessionName(p.session_id());
+  if (!id.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session_id '", p.session_id(), "' is not a kvkeep session id"));
+  }
+  SessionSnapshot s;
+  s.id = *id;
+  s.layout = p.layout();
+  s.policy.name = p.policy();
+  for (const auto& [k, v] : p.policy_params()) s.policy.params[k] = v;
+  s.tenant = p.tenant();
+  s.last_position = p.last_position();
+  s.compressed = p.compressed();
+  s.work.evicted_tokens = p.evicted_tokens();
+  s.work.evicted_score = p.evicted_score();
+  s.work.score_updates = p.score_updates();
+  s.work.evictions = p.evictions();
+  for (const v1::LayerState& l : p.layers()) {
+    LayerSnapshot layer;
+    layer.position.assign(l.positions().begin(), l.positions().end());
+    layer.arrival.assign(l.arrivals().begin(), l.arrivals().end());
+    layer.score.assign(l.scores().begin(), l.scores().end());
+    layer.history.assign(l.history().begin(), l.history().end());
+    layer.appended = l.appended();
+    layer.version = l.version();
+    layer.budget = l.budget();
+    s.layers.push_back(std::move(layer));
+  }
+  return s;
+}
+
+void TransferLog::Add(const std::string& transfer_id, SessionId id) {
+  absl::MutexLock lock(&mu_);
+  if (!ids_.emplace(transfer_id, id).second) return;
+  order_.push_back(transfer_id);
+  while (order_.size() > capacity_) {
+    ids_.erase(order_.front());
+    order_.pop_front();
+  }
+}
+
+bool TransferLog::Contains(const std::string& transfer_id) const {
+  absl::MutexLock lock(&mu_);
+  return ids_.contains(transfer_id);
+}
+
+}  // namespace kvkeep

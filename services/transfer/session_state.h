@@ -1,0 +1,61 @@
+// What a session transfer carries beside the pages, and what it leaves
+// behind: the proto form of a session's state (the header), the log of
+// transfers a target committed (for retries whose answer was lost), and the
+// report of each transfer for monitoring.
+//
+// Thread-safe: TransferLog is; the rest are plain values and pure functions.
+#ifndef KVKEEP_SERVICES_TRANSFER_SESSION_STATE_H_
+#define KVKEEP_SERVICES_TRANSFER_SESSION_STATE_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "cache_store/session_snapshot.h"
+#include "kvkeep/v1/kvkeep.pb.h"
+#include "services/transfer/transport.h"
+
+namespace kvkeep {
+
+// What one transfer did, for monitoring: sent from this store (outgoing)
+// or received, how it ended, the key and value bytes moved, how long.
+struct TransferReport {
+  Transport transport = Transport::kHost;
+  bool outgoing = true;
+  absl::StatusCode code = absl::StatusCode::kOk;
+  int64_t bytes = 0;
+  absl::Duration duration;
+};
+using TransferObserver = std::function<void(const TransferReport&)>;
+
+// A snapshot's state without its bytes, and back (INVALID_ARGUMENT for a
+// malformed one; the store checks the rest).
+void StateToProto(const SessionSnapshot& snapshot, v1::SessionState* out);
+absl::StatusOr<SessionSnapshot> StateFromProto(const v1::SessionState& state);
+
+// The transfers a store committed as a target, by transfer id (the newest
+// `capacity`): a retried transfer whose commit answer was lost is answered
+// COMMITTED instead of making a second copy.
+class TransferLog {
+ public:
+  explicit TransferLog(size_t capacity = 4096) : capacity_(capacity) {}
+  void Add(const std::string& transfer_id, SessionId id)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  bool Contains(const std::string& transfer_id) const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  const size_t capacity_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, SessionId> ids_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> order_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvkeep
+
+#endif  // KVKEEP_SERVICES_TRANSFER_SESSION_STATE_H_

@@ -1,0 +1,129 @@
+// TransferCoordinator: session transfer for one store, both ways. Outgoing,
+// it owns the transfers this store sends: it picks the transports to offer
+// (the caller's Transport; NCCL when both pools can use it, the target's
+// data socket, chunk messages), freezes the session, runs SendSession on a
+// thread of its own, and finishes the store's side (closes the session once
+// the target committed; thaws it when nothing was committed; keeps it
+// frozen when the commit is in doubt, until a retry with the same transfer
+// id settles it). Incoming, it makes the ReceiveSession reactors, and keeps
+// the log of commits and the NCCL links.
+//
+// The service (KvKeepService) authenticates and authorizes calls, parses
+// the request and maps statuses; the rest is here.
+//
+// Thread-safe. The destructor waits for sends still running.
+#ifndef KVKEEP_SERVICES_TRANSFER_TRANSFER_COORDINATOR_H_
+#define KVKEEP_SERVICES_TRANSFER_TRANSFER_COORDINATOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "cache_store/cache_store.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "kvkeep/v1/kvkeep.grpc.pb.h"
+#include "services/transfer/nccl_transport.h"
+#include "services/transfer/page_transport.h"
+#include "services/transfer/session_sender.h"
+#include "services/transfer/session_state.h"
+#include "services/transfer/tcp_transport.h"
+#include "services/transfer/transport.h"
+
+namespace kvkeep {
+
+struct TransferOptions {
+  int64_t max_message_bytes = 64 << 20;  // on the stream, each way
+  bool tenants_configured = false;       // a target checks the session's tenant
+  // Told about every transfer sent or received (metrics); may be empty.
+  TransferObserver on_transfer;
+  // The data socket incoming transfers may use; null: they come in chunk
+  // messages. Must outlive the coordinator.
+  TcpTransport* tcp = nullptr;
+  // Wraps each outgoing transfer's page sender (tests inject a failing,
+  // slow or corrupting transport here); unset in kvkeepd.
+  PageSenderWrapper wrap_sender;
+};
+
+// One TransferSession, as the service parsed it.
+struct OutgoingTransfer {
+  SessionId id = 0;
+  std::string target;        // host:port
+  std::string target_token;  // bearer token for the target, or empty
+  std::string transfer_id;   // empty: one is made
+  Transport transport = Transport::kAuto;
+  absl::Time deadline = absl::InfiniteFuture();
+};
+
+struct TransferOutcome {
+  absl::Status status;  // the session's id and fate in its message
+  std::string transfer_id;
+  Transport transport = Transport::kHost;
+  int64_t bytes = 0;
+  absl::Duration duration;
+};
+
+class TransferCoordinator {
+ public:
+  // `store` must outlive the coordinator.
+  TransferCoordinator(CacheStore* store, TransferOptions options);
+  ~TransferCoordinator();
+  TransferCoordinator(const TransferCoordinator&) = delete;
+  TransferCoordinator& operator=(const TransferCoordinator&) = delete;
+
+  // Sends a session on a thread of its own (it is a client of the target
+  // for as long as the bytes take); `done` gets the outcome on that thread.
+  void Send(OutgoingTransfer transfer,
+            std::function<void(const TransferOutcome&)> done)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // A reactor for one ReceiveSession call by `tenant` (or the error that
+  // authenticating the caller gave).
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Receive(
+      grpc::CallbackServerContext* ctx, absl::StatusOr<std::string> tenant);
+
+ private:
+  // What a send needs to know about the session's pool.
+  struct Pool {
+    PageMemory* memory = nullptr;
+    PageLayout page_layout;
+  };
+  TransferOutcome Run(const OutgoingTransfer& transfer,
+                      const std::string& transfer_id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<Pool> PoolOf(SessionId id);
+  // The NCCL offer to make, if any (an error when NCCL was required and
+  // cannot be used).
+  absl::StatusOr<std::optional<v1::NcclOffer>> NcclOffer(
+      const OutgoingTransfer& transfer, const Pool& pool);
+  // Phase 1: freezes the session, or resumes a transfer whose commit was in
+  // doubt (same transfer id); the snapshot without its bytes.
+  absl::StatusOr<SessionSnapshot> Freeze(SessionId id,
+                                         const std::string& transfer_id)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Phase 2 on this side, from how the send ended.
+  absl::Status Settle(SessionId id, const std::string& transfer_id,
+                      const SendResult& sent) ABSL_LOCKS_EXCLUDED(mu_);
+
+  CacheStore* const store_;
+  const TransferOptions options_;
+  TransferLog log_;     // transfers committed here as the target
+  NcclTransport nccl_;  // links to other stores' GPUs, both ways
+  absl::Mutex mu_;
+  // Sessions being sent: their transfer id, and whether a send is running
+  // (not running: the commit's outcome is unknown; a retry with the same id
+  // finishes it).
+  struct Outgoing {
+    std::string transfer_id;
+    bool running = false;
+  };
+  absl::flat_hash_map<SessionId, Outgoing> outgoing_ ABSL_GUARDED_BY(mu_);
+  int64_t sending_ ABSL_GUARDED_BY(mu_) = 0;  // threads running
+};
+
+}  // namespace kvkeep
+
+#endif  // KVKEEP_SERVICES_TRANSFER_TRANSFER_COORDINATOR_H_
