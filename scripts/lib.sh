@@ -8,6 +8,7 @@ KVKEEP_PACKAGES=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   python3-grpcio openssl
   prometheus-cpp-dev prometheus python3-yaml
+  libopenblas-dev python3-venv
 )
 
 kvkeep_install_missing() {

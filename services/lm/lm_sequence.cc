@@ -1,0 +1,399 @@
+#include "services/lm/lm_sequence.h"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace kvkeep::lm {
+
+namespace {
+
+// What the server says `policy` takes, and its snapkv window (the
+// request's, else the published default).
+struct PolicyNeeds {
+  PolicyInput input = PolicyInput::kNone;
+  bool accepts_queries = false;
+  int64_t window = 0;
+};
+
+absl::StatusOr<PolicyNeeds> NeedsOf(
+    const v1::ServerInfo& info, const std::string& policy,
+    const std::map<std::string, std::string>& params) {
+  for (const v1::PolicyInfo& p : info.policy_info()) {
+    if (p.name() != policy) continue;
+    PolicyNeeds needs;
+    needs.accepts_queries = p.accepts_queries();
+    switch (p.input()) {
+      case v1::PolicyInfo::INPUT_PER_STEP:
+        needs.input = PolicyInput::kPerStep;
+        break;
+      case v1::PolicyInfo::INPUT_COMPRESS:
+        needs.input = PolicyInput::kCompress;
+        break;
+      default:
+        break;
+    }
+    if (needs.input != PolicyInput::kCompress) return needs;
+    std::string window;
+    for (const v1::PolicyParam& param : p.params()) {
+      if (param.name() == "window") window = param.default_value();
+    }
+    if (auto it = params.find("window"); it != params.end()) {
+      window = it->second;
+    }
+    if (!absl::SimpleAtoi(window, &needs.window) || needs.window < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "policy ", policy, ": window '", window, "' is not a count"));
+    }
+    return needs;
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "the server does not describe policy '", policy,
+      "' in ServerInfo.policy_info (kvkeep info lists its policies)"));
+}
+
+int64_t TokenBytes(const ModelConfig& config, DType dtype) {
+  return int64_t{config.kv_heads} * config.head_dim * DTypeBytes(dtype);
+}
+
+class LocalSequence final : public Sequence {
+ public:
+  LocalSequence(const ModelConfig& config, DType dtype, std::string label)
+      : slots_(config.layers, TokenBytes(config, dtype)),
+        label_(std::move(label)) {}
+
+  const KvSource& cache() const override { return slots_; }
+  AttentionOutput attention(StepKind) const override {
+    return AttentionOutput::kNone;
+  }
+  absl::Status Commit(const SequenceStep& step, StepKind) override {
+    return slots_.Append(step.positions, step.keys, step.values);
+  }
+  absl::StatusOr<CacheUsage> Usage() const override {
+    CacheUsage usage;
+    for (int32_t l = 0; l < slots_.num_layers(); ++l) {
+      usage.resident_tokens += slots_.resident(l);
+    }
+    usage.resident_tokens_per_layer =
+        static_cast<double>(usage.resident_tokens) / slots_.num_layers();
+    usage.bytes = 2 * usage.resident_tokens * slots_.token_bytes();
+    return usage;
+  }
+  absl::Status Close() override { return absl::OkStatus(); }
+  const std::string& label() const override { return label_; }
+  std::string_view access() const override { return "local"; }
+
+ private:
+  SlotCache slots_;
+  std::string label_;
+};
+
+// Reads a session's cache where kvkeepd keeps it: the mapped pool and the
+// mirrored block tables.
+class MappedSource final : public KvSource {
+ public:
+  MappedSource(std::unique_ptr<MappedPool> pool,
+               const client::BlockTableMirror* mirror)
+      : pool_(std::move(pool)), mirror_(mirror) {}
+  ResidentKv Layer(int32_t layer) const override {
+    return pool_->Layer(*mirror_, layer);
+  }
+  absl::Status Check() const { return pool_->CheckPages(*mirror_); }
+
+ private:
+  std::unique_ptr<MappedPool> pool_;
+  const client::BlockTableMirror* mirror_;
+};
+
+v1::LayerScores ScoresOf(ScoreForm form, int32_t layer, uint64_t version,
+                         const std::vector<float>& values, int32_t rows) {
+  switch (form) {
+    case ScoreForm::kPerHead:
+      return client::PerHeadScores(layer, version, values, rows);
+    case ScoreForm::kQueries:
+      return client::QueryScores(layer, version, values, rows);
+    case ScoreForm::kReduced:
+      break;
+  }
+  return client::ReducedScores(layer, version, values, rows);
+}
+
+AttentionOutput OutputOf(ScoreForm form) {
+  switch (form) {
+    case ScoreForm::kPerHead:
+      return AttentionOutput::kPerHead;
+    case ScoreForm::kQueries:
+      return AttentionOutput::kQueries;
+    case ScoreForm::kReduced:
+      break;
+  }
+  return AttentionOutput::kReduced;
+}
+
+class StoreSequence final : public Sequence {
+ public:
+  StoreSequence(client::Session session, client::BlockTableMirror mirror,
+                const StoreSequenceOptions& options, int64_t token_bytes,
+                const PolicyNeeds& needs)
+      : session_(std::move(session)),
+        stream_(session_.Decode()),
+        mirror_(std::move(mirror)),
+        input_(needs.input),
+        scores_(options.scores),
+        window_(needs.window),
+        label_(options.label) {
+    slots_.emplace(mirror_.num_layers(), token_bytes);
+  }
+
+  // Reads the pool in place instead of mirroring bytes.
+  void UsePool(std::unique_ptr<MappedPool> pool) {
+    slots_.reset();
+    mapped_.emplace(std::move(pool), &mirror_);
+  }
+
+  const KvSource& cache() const override {
+    if (mapped_) return *mapped_;
+    return *slots_;
+  }
+
+  AttentionOutput attention(StepKind kind) const override {
+    if (input_ == PolicyInput::kPerStep) return OutputOf(scores_);
+    // snapkv: the window's rows of the prompt's last chunk.
+    if (input_ == PolicyInput::kCompress && kind == StepKind::kPromptEnd) {
+      return AttentionOutput::kReduced;
+    }
+    return AttentionOutput::kNone;
+  }
+
+  absl::Status Commit(const SequenceStep& step, StepKind kind) override {
+    if (closed_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("session ", session_.id(), " is closed"));
+    }
+    client::KvTokens tokens;
+    tokens.positions.assign(step.positions.begin(), step.positions.end());
+    tokens.layers.resize(step.keys.size());
+    for (size_t l = 0; l < step.keys.size(); ++l) {
+      tokens.layers[l] = {step.keys[l], step.values[l]};
+    }
+    std::vector<v1::LayerScores> scores;
+    if (input_ == PolicyInput::kPerStep) {
+      const int32_t rows = static_cast<int32_t>(step.tokens.size());
+      for (int32_t l = 0; l < mirror_.num_layers(); ++l) {
+        scores.push_back(ScoresOf(scores_, l, mirror_.version(l),
+                                  step.attention_out[l], rows));
+      }
+    }
+    absl::StatusOr<v1::DecodeStepResult> result = stream_.Step(tokens, scores);
+    if (!result.ok()) return Annotate(result.status());
+    if (absl::Status s = Follow(*result, step); !s.ok()) return s;
+    if (input_ == PolicyInput::kCompress && kind == StepKind::kPromptEnd) {
+      return Compress(step);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<CacheUsage> Usage() const override {
+    absl::StatusOr<v1::SessionStats> stats = session_.Stats();
+    if (!stats.ok()) return Annotate(stats.status());
+    CacheUsage usage;
+    usage.resident_tokens = stats->resident_tokens();
+    usage.resident_tokens_per_layer =
+        static_cast<double>(stats->resident_tokens()) / mirror_.num_layers();
+    usage.bytes = stats->resident_bytes();
+    return usage;
+  }
+
+  absl::Status Close() override {
+    if (closed_) return absl::OkStatus();
+    closed_ = true;
+    stream_.Finish().IgnoreError();
+    absl::StatusOr<int64_t> freed = session_.Close();
+    return freed.ok() ? absl::OkStatus() : Annotate(freed.status());
+  }
+
+  const std::string& label() const override { return label_; }
+  std::string_view access() const override {
+    return mapped_ ? "mapped" : "mirror";
+  }
+  int64_t min_prompt_end_tokens() const override {
+    return std::max<int64_t>(window_, 1);
+  }
+
+ private:
+  absl::Status Annotate(const absl::Status& status) const {
+    return absl::Status(status.code(),
+                        absl::StrCat(label_, " (session ", session_.id(),
+                                     "): ", status.message()));
+  }
+
+  // Applies a step's changes to the block tables and, when mirroring, to
+  // the bytes.
+  absl::Status Follow(const v1::DecodeStepResult& result,
+                      const SequenceStep& step) {
+    absl::Status s = mirror_.ApplyDecode(result, step.positions);
+    if (s.ok() && slots_) {
+      s = slots_->Apply(result.append(), step.positions, step.keys,
+                        step.values);
+      if (s.ok()) s = slots_->Apply(result.scores());
+    }
+    if (s.ok() && mapped_) s = mapped_->Check();
+    if (!s.ok()) {
+      return Annotate(absl::InternalError(
+          absl::StrCat("the store's reply does not fit this worker's cache: ",
+                       s.message())));
+    }
+    return absl::OkStatus();
+  }
+
+  // snapkv: the last `window` rows of the prompt's last chunk, per layer.
+  absl::Status Compress(const SequenceStep& step) {
+    const int64_t n = static_cast<int64_t>(step.tokens.size());
+    if (n < window_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(label_, ": the prompt's last chunk has ", n,
+                       " tokens, snapkv's window needs ", window_));
+    }
+    std::vector<v1::LayerScores> window;
+    for (int32_t l = 0; l < mirror_.num_layers(); ++l) {
+      const std::vector<float>& rows = step.attention_out[l];
+      const size_t width = rows.size() / n;  // resident before + n
+      if (static_cast<int64_t>(width) != mirror_.resident(l)) {
+        return absl::InternalError(
+            absl::StrCat(label_, ": layer ", l, " holds ", mirror_.resident(l),
+                         " tokens, the window's attention covers ", width));
+      }
+      window.push_back(client::ReducedScores(
+          l, mirror_.version(l),
+          absl::MakeConstSpan(rows).subspan((n - window_) * width),
+          static_cast<int32_t>(window_)));
+    }
+    absl::StatusOr<v1::StepResult> result = session_.CompressPrompt(window);
+    if (!result.ok()) return Annotate(result.status());
+    v1::DecodeStepResult as_step;
+    *as_step.mutable_scores() = *std::move(result);
+    SequenceStep none;
+    return Follow(as_step, none);
+  }
+
+  client::Session session_;
+  client::DecodeStream stream_;
+  client::BlockTableMirror mirror_;
+  std::optional<SlotCache> slots_;
+  std::optional<MappedSource> mapped_;
+  PolicyInput input_;
+  ScoreForm scores_;
+  int64_t window_;
+  std::string label_;
+  bool closed_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Sequence> NewLocalSequence(const ModelConfig& config,
+                                           DType kv_dtype, std::string label) {
+  return std::make_unique<LocalSequence>(config, kv_dtype, std::move(label));
+}
+
+absl::StatusOr<DType> DTypeOf(const v1::Layout& layout) {
+  switch (layout.dtype()) {
+    case v1::DTYPE_F32:
+      return DType::kF32;
+    case v1::DTYPE_F16:
+      return DType::kF16;
+    case v1::DTYPE_BF16:
+      return DType::kBF16;
+    default:
+      break;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "layout ", layout.name(), " has dtype ", v1::DType_Name(layout.dtype())));
+}
+
+absl::StatusOr<v1::Layout> FindLayout(const v1::ServerInfo& info,
+                                      const ModelConfig& config,
+                                      PositionMode positions,
+                                      const std::string& name) {
+  const bool pre_rope = positions == PositionMode::kCachePosition;
+  const auto fits = [&](const v1::Layout& l) {
+    return l.num_layers() == config.layers && l.kv_heads() == config.kv_heads &&
+           l.query_heads() == config.query_heads &&
+           l.head_dim() == config.head_dim && l.keys_pre_rope() == pre_rope;
+  };
+  std::vector<std::string> have;
+  for (const v1::Layout& l : info.layouts()) {
+    if (name.empty() ? fits(l) : l.name() == name) {
+      if (fits(l)) return l;
+      return absl::FailedPreconditionError(absl::StrCat(
+          "layout ", name, " (", l.num_layers(), " layers, ", l.kv_heads(), "/",
+          l.query_heads(), " kv/query heads, head_dim ", l.head_dim(),
+          ", keys_pre_rope ", l.keys_pre_rope() ? "true" : "false",
+          ") does not fit the model (", config.layers, " layers, ",
+          config.kv_heads, "/", config.query_heads, ", head_dim ",
+          config.head_dim, ", keys_pre_rope ", pre_rope ? "true" : "false",
+          ")"));
+    }
+    have.push_back(l.name());
+  }
+  return absl::NotFoundError(absl::StrCat(
+      name.empty() ? "no layout" : absl::StrCat("no layout ", name),
+      " of the server fits the model (", config.layers, " layers, ",
+      config.kv_heads, "/", config.query_heads, " kv/query heads, head_dim ",
+      config.head_dim, ", keys_pre_rope ", pre_rope ? "true" : "false",
+      "); it has: ", absl::StrJoin(have, ", "),
+      " (config/smollm2.json has layouts for SmolLM2-135M)"));
+}
+
+absl::StatusOr<std::unique_ptr<Sequence>> NewStoreSequence(
+    const client::KvKeepClient& client, const v1::ServerInfo& info,
+    const ModelConfig& config, const StoreSequenceOptions& options) {
+  absl::StatusOr<PolicyNeeds> needs =
+      NeedsOf(info, options.policy, options.params);
+  if (!needs.ok()) return needs.status();
+  if (options.scores == ScoreForm::kQueries &&
+      needs->input == PolicyInput::kPerStep && !needs->accepts_queries) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("policy ", options.policy, " does not take query scores"));
+  }
+  v1::CreateSessionRequest request;
+  request.set_layout(options.layout);
+  request.set_policy(options.policy);
+  for (const auto& [k, v] : options.params) {
+    (*request.mutable_policy_params())[k] = v;
+  }
+  request.mutable_budget()->set_tokens(options.budget_tokens);
+  absl::StatusOr<client::Session> session = client.CreateSession(request);
+  if (!session.ok()) return session.status();
+  if (options.scores == ScoreForm::kQueries &&
+      session->layout().keys_pre_rope()) {
+    session->Close().IgnoreError();
+    return absl::FailedPreconditionError(
+        "query scores need keys stored after RoPE (--positions=original)");
+  }
+  absl::StatusOr<DType> dtype = DTypeOf(session->layout());
+  if (!dtype.ok()) return dtype.status();
+  absl::StatusOr<client::BlockTableMirror> mirror = session->Mirror();
+  if (!mirror.ok()) return mirror.status();
+  auto sequence =
+      std::make_unique<StoreSequence>(*session, *std::move(mirror), options,
+                                      TokenBytes(config, *dtype), *needs);
+  if (options.access != CacheAccess::kMirror) {
+    absl::StatusOr<v1::MapPoolResponse> pool = session->MapPool();
+    absl::StatusOr<std::unique_ptr<MappedPool>> mapped =
+        pool.ok() ? MappedPool::Map(*pool)
+                  : absl::StatusOr<std::unique_ptr<MappedPool>>(pool.status());
+    if (mapped.ok()) {
+      sequence->UsePool(*std::move(mapped));
+    } else if (options.access == CacheAccess::kMapped) {
+      sequence->Close().IgnoreError();
+      return mapped.status();
+    }
+  }
+  return sequence;
+}
+
+}  // namespace kvkeep::lm
