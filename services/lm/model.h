@@ -25,7 +25,8 @@
 // it already uses every core, so one caller at a time is the fast way.
 // Threads: the model has one pool (a thread per core) for everything: each
 // matrix product is split by output columns into single-threaded OpenBLAS
-// calls, and the attention into (sequence, kv head, tokens) tasks. Load
+// calls, and the attention into tasks of (sequence, kv head, 16 tokens) for
+// prefill and (sequence, 512 resident slots) for decode. Load
 // therefore sets OpenBLAS to one thread per call, for the whole process
 // (openblas_set_num_threads(1)): OpenBLAS's own workers, which spin for
 // ~0.1 s after every call, would otherwise compete with the pool's. A
