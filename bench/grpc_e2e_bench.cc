@@ -2,7 +2,7 @@
 // a no-op server that moves the same bytes.
 //
 // Two in-process servers on 127.0.0.1:0: the real one (CacheStore +
-// KvKeepService, built as services/kvkeepd/main.cc builds it) and a no-op one
+// KvKeepService, a KvKeepServer, as kvkeepd builds it) and a no-op one
 // that implements only Decode: it parses each DecodeStep and answers with a
 // reply captured from the real server in the same run, so both see requests
 // and replies of the same sizes. Clients are real kvkeep.v1.KvKeep stubs:
@@ -40,6 +40,7 @@
 #include <cstring>
 #include <ctime>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -58,13 +59,10 @@
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
-#include "grpcpp/security/server_credentials.h"
-#include "grpcpp/server.h"
-#include "grpcpp/server_builder.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "kernels/dtype.h"
 #include "kvkeep/v1/kvkeep.grpc.pb.h"
-#include "services/kvkeepd/kvkeep_service.h"
+#include "services/kvkeepd/kvkeep_server.h"
 
 namespace kvkeep {
 namespace {
@@ -228,19 +226,20 @@ class NoopDecodeService final : public v1::KvKeep::CallbackService {
   std::atomic<uint64_t> next_{0};
 };
 
-std::unique_ptr<grpc::Server> StartServer(grpc::Service* service,
-                                          std::string* address) {
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                           &port);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(kMaxMessageBytes));
-  builder.SetMaxSendMessageSize(static_cast<int>(kMaxMessageBytes));
-  builder.RegisterService(service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) return nullptr;
-  *address = absl::StrCat("127.0.0.1:", port);
-  return server;
+// A kvkeepd (KvKeepServer, with its metrics, as the daemon runs) over
+// `pools` on 127.0.0.1, or the service `stand_in` makes in its place.
+absl::StatusOr<std::unique_ptr<KvKeepServer>> StartServer(
+    std::vector<PoolSpec> pools,
+    std::function<grpc::Service*(CacheStore&)> stand_in = {}) {
+  ServerConfig config;
+  config.listen = "127.0.0.1:0";
+  config.metrics_listen = "off";
+  config.transfer_listen = "off";
+  config.pools = std::move(pools);
+  config.max_message_bytes = kMaxMessageBytes;
+  ServerHooks hooks;
+  hooks.stand_in = std::move(stand_in);
+  return KvKeepServer::Start(config, std::move(hooks));
 }
 
 // Its own TCP connection: channels with equal arguments otherwise share one
@@ -671,24 +670,16 @@ absl::Status RunConfiguration(const Options& opt, const RunConfig& c,
   // Per layer: the budget's pages plus one for the append over budget.
   const int64_t pages_per_layer =
       (c.budget + 1 + kPageTokens - 1) / kPageTokens;
-  StoreOptions store_options;
-  store_options.pools.push_back(PoolSpec{
-      BenchLayout(), int64_t{c.sessions} * kLayers * (pages_per_layer + 1)});
-  absl::StatusOr<std::unique_ptr<CacheStore>> store =
-      CacheStore::Create(store_options);
-  if (!store.ok()) return store.status();
-  ServiceOptions service_options;
-  service_options.max_sessions = store_options.max_sessions;
-  service_options.max_message_bytes = kMaxMessageBytes;
-  KvKeepService service(store->get(), service_options);
+  absl::StatusOr<std::unique_ptr<KvKeepServer>> store_server =
+      StartServer({PoolSpec{BenchLayout(), int64_t{c.sessions} * kLayers *
+                                               (pages_per_layer + 1)}});
+  if (!store_server.ok()) return store_server.status();
   NoopDecodeService noop;
-  std::string store_address, noop_address;
-  std::unique_ptr<grpc::Server> store_server =
-      StartServer(&service, &store_address);
-  std::unique_ptr<grpc::Server> noop_server = StartServer(&noop, &noop_address);
-  if (store_server == nullptr || noop_server == nullptr) {
-    return absl::UnavailableError("cannot listen on 127.0.0.1:0");
-  }
+  absl::StatusOr<std::unique_ptr<KvKeepServer>> noop_server = StartServer(
+      {PoolSpec{BenchLayout(), 1}}, [&noop](CacheStore&) { return &noop; });
+  if (!noop_server.ok()) return noop_server.status();
+  const std::string store_address = (*store_server)->address();
+  const std::string noop_address = (*noop_server)->address();
 
   std::vector<std::unique_ptr<v1::KvKeep::Stub>> store_stubs, noop_stubs;
   for (int i = 0; i < c.sessions; ++i) {
@@ -721,7 +712,7 @@ absl::Status RunConfiguration(const Options& opt, const RunConfig& c,
   }
   const double prefill_s =
       std::chrono::duration<double>(Clock::now() - prefill_start).count();
-  const LayoutStats layout_stats = (*store)->Layouts().front();
+  const LayoutStats layout_stats = (*store_server)->store().Layouts().front();
   std::printf(
       "# %d session(s), budget %lld: prefilled %lld..%lld tokens x %d "
       "layers each (staggered) through AppendPrefill in %.1f s; pool "
@@ -791,10 +782,8 @@ absl::Status RunConfiguration(const Options& opt, const RunConfig& c,
 
   store_stubs.clear();
   noop_stubs.clear();
-  store_server->Shutdown();
-  noop_server->Shutdown();
-  store_server->Wait();
-  noop_server->Wait();
+  (*store_server)->Stop(absl::ZeroDuration());
+  (*noop_server)->Stop(absl::ZeroDuration());
   return absl::OkStatus();
 }
 

@@ -48,11 +48,7 @@
 #include "cache_store/cache_store.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
-#include "grpcpp/security/server_credentials.h"
-#include "grpcpp/server.h"
-#include "grpcpp/server_builder.h"
-#include "services/kvkeepd/kvkeep_service.h"
-#include "services/transfer/tcp_transport.h"
+#include "services/kvkeepd/kvkeep_server.h"
 
 #if defined(KVKEEP_HAVE_CUDA)
 #include <cuda_runtime_api.h>
@@ -75,47 +71,30 @@ ModelLayout Layout() {
   return l;
 }
 
+// A kvkeepd (KvKeepServer) on 127.0.0.1 with its data socket.
 class Server {
  public:
   Server(int64_t pages, Device device) {
-    StoreOptions o;
-    o.pools.push_back(PoolSpec{Layout(), pages});
-    o.device = device;
-    absl::StatusOr<std::unique_ptr<CacheStore>> store = CacheStore::Create(o);
-    if (!store.ok()) {
-      std::fprintf(stderr, "%s\n", store.status().ToString().c_str());
+    ServerConfig config;
+    config.listen = "127.0.0.1:0";
+    config.metrics_listen = "off";
+    config.transfer_listen = "127.0.0.1:0";
+    config.pools.push_back(PoolSpec{Layout(), pages});
+    config.device = device.name();
+    config.max_message_bytes = kMessageBytes;
+    absl::StatusOr<std::unique_ptr<KvKeepServer>> server =
+        KvKeepServer::Start(config);
+    if (!server.ok()) {
+      std::fprintf(stderr, "%s\n", server.status().ToString().c_str());
       std::exit(1);
     }
-    store_ = *std::move(store);
-    tcp_ = *TcpTransport::Listen("127.0.0.1:0");
-    ServiceOptions so;
-    so.max_message_bytes = kMessageBytes;
-    so.tcp = tcp_.get();
-    service_ = std::make_unique<KvKeepService>(store_.get(), so);
-    grpc::ServerBuilder b;
-    int port = 0;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    b.SetMaxReceiveMessageSize(kMessageBytes);
-    b.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 16 << 20);
-    b.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
-    b.SetMaxSendMessageSize(kMessageBytes);
-    b.RegisterService(service_.get());
-    server_ = b.BuildAndStart();
-    address_ = absl::StrCat("127.0.0.1:", port);
+    server_ = *std::move(server);
   }
-  ~Server() {
-    server_->Shutdown();
-    server_->Wait();
-  }
-  CacheStore& store() { return *store_; }
-  const std::string& address() const { return address_; }
+  CacheStore& store() { return server_->store(); }
+  const std::string& address() const { return server_->address(); }
 
  private:
-  std::unique_ptr<CacheStore> store_;
-  std::unique_ptr<TcpTransport> tcp_;
-  std::unique_ptr<KvKeepService> service_;
-  std::unique_ptr<grpc::Server> server_;
-  std::string address_;
+  std::unique_ptr<KvKeepServer> server_;
 };
 
 double Seconds(std::chrono::steady_clock::time_point since) {

@@ -5,7 +5,8 @@
 // page senders with faulty transports (tests/service/kvkeepd_testing_hooks.cc),
 // so kvkeepd itself carries no test flag and no fault hook.
 //
-// Called once, from main, before the service is built.
+// Called once, before the service is built: main passes it to KvKeepServer
+// as ServerHooks::edit_service_options.
 #ifndef KVKEEP_SERVICES_KVKEEPD_DAEMON_HOOKS_H_
 #define KVKEEP_SERVICES_KVKEEPD_DAEMON_HOOKS_H_
 

@@ -1,6 +1,8 @@
-// kvkeepd: the kvkeep store daemon. Builds the store from its configuration
-// (embedded default, then --config, then flags), serves kvkeep.v1.KvKeep,
-// grpc.health.v1.Health and server reflection, and drains on SIGTERM/SIGINT.
+// kvkeepd: the kvkeep store daemon. Reads its configuration (embedded
+// default, then --config, then flags), has KvKeepServer (kvkeep_server.h)
+// build and serve kvkeep.v1.KvKeep, grpc.health.v1.Health and server
+// reflection from it, and drains on SIGTERM/SIGINT. This file keeps the
+// flags, the signals and the start-up lines; the assembly is the class's.
 //
 // It also serves Prometheus metrics over HTTP (docs/metrics.md). At startup
 // it prints the bound gRPC address on one line and the bound metrics URL on
@@ -9,9 +11,7 @@
 
 #include <csignal>
 #include <cstdio>
-#include <fstream>
 #include <random>
-#include <sstream>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -20,25 +20,13 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cache_store/cache_store.h"
 #include "cache_store/policy_registry.h"
-#include "grpcpp/ext/proto_server_reflection_plugin.h"
-#include "grpcpp/health_check_service_interface.h"
-#include "grpcpp/security/server_credentials.h"
-#include "grpcpp/server.h"
-#include "grpcpp/server_builder.h"
 #include "services/kvkeepd/daemon_hooks.h"
-#include "services/kvkeepd/kvkeep_service.h"
+#include "services/kvkeepd/kvkeep_server.h"
 #include "services/kvkeepd/server_config.h"
-#include "services/metrics/metrics_server.h"
-#include "services/metrics/rpc_metrics.h"
-#include "services/metrics/store_metrics.h"
-#include "services/metrics/transfer_metrics.h"
-#include "services/transfer/tcp_transport.h"
 
 // Flags override the config file; each one's "unset" value (empty, -1)
 // leaves the file's (or the embedded default's) setting alone.
@@ -87,20 +75,10 @@ ABSL_FLAG(bool, exit_after_start, false,
 namespace kvkeep {
 namespace {
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat("cannot read '", path, "'"));
-  }
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
 absl::StatusOr<ServerConfig> LoadConfig() {
   ServerConfig config = DefaultConfig();
   if (const std::string path = absl::GetFlag(FLAGS_config); !path.empty()) {
-    absl::StatusOr<std::string> text = ReadFile(path);
+    absl::StatusOr<std::string> text = ReadConfigFile(path);
     if (!text.ok()) return text.status();
     if (absl::Status s = ApplyConfigJson(*text, config); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
@@ -138,7 +116,7 @@ absl::StatusOr<ServerConfig> LoadConfig() {
   if (absl::GetFlag(FLAGS_share_pools)) config.share_pools = true;
   set_string(FLAGS_transfer_listen, config.transfer_listen);
   if (!config.tenants_file.empty()) {
-    absl::StatusOr<std::string> text = ReadFile(config.tenants_file);
+    absl::StatusOr<std::string> text = ReadConfigFile(config.tenants_file);
     if (!text.ok()) return text.status();
     if (absl::Status s = ApplyTenantsJson(*text, config); !s.ok()) {
       return absl::Status(s.code(),
@@ -155,31 +133,6 @@ absl::StatusOr<ServerConfig> LoadConfig() {
         "max_message_bytes must be in [4096, 2^30]");
   }
   return config;
-}
-
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(
-    const TlsConfig& tls) {
-  if (tls.cert_file.empty() && tls.key_file.empty()) {
-    if (!tls.client_ca_file.empty()) {
-      return absl::InvalidArgumentError(
-          "tls client_ca_file needs cert_file and key_file");
-    }
-    return grpc::InsecureServerCredentials();
-  }
-  absl::StatusOr<std::string> cert = ReadFile(tls.cert_file);
-  if (!cert.ok()) return cert.status();
-  absl::StatusOr<std::string> key = ReadFile(tls.key_file);
-  if (!key.ok()) return key.status();
-  grpc::SslServerCredentialsOptions options;
-  options.pem_key_cert_pairs.push_back({*key, *cert});
-  if (!tls.client_ca_file.empty()) {
-    absl::StatusOr<std::string> ca = ReadFile(tls.client_ca_file);
-    if (!ca.ok()) return ca.status();
-    options.pem_root_certs = *ca;
-    options.client_certificate_request =
-        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
-  }
-  return grpc::SslServerCredentials(options);
 }
 
 // Decodes 512 tokens of random KV through an h2o session of the first
@@ -248,9 +201,28 @@ absl::Status SelfCheck(CacheStore& store) {
   return status.ok() ? stats.status() : status;
 }
 
-std::string BoundAddress(const std::string& listen, int port) {
-  const size_t colon = listen.rfind(':');
-  return absl::StrCat(listen.substr(0, colon), ":", port);
+// Prints each layout and its pool, then (with --self_check) decodes through
+// the store: kvkeepd's check before it serves.
+absl::Status BeforeServing(CacheStore& store, const ServerConfig& config) {
+  for (const LayoutStats& s : store.Layouts()) {
+    const ModelLayout& l = s.layout;
+    std::printf(
+        "kvkeepd: layout '%s': %d layers, %d kv / %d query heads, head_dim "
+        "%d, %s, %d tokens per page; %s pool of %lld pages (%.1f MiB)%s\n",
+        l.name.c_str(), l.num_layers, l.kv_heads, l.query_heads, l.head_dim,
+        std::string(DTypeName(l.dtype)).c_str(), l.page_tokens,
+        store.device().name().c_str(),
+        static_cast<long long>(s.pool.capacity_pages),
+        s.pool.capacity_pages * s.pool.page_bytes / 1048576.0,
+        config.share_pools ? ", shared" : "");
+  }
+  if (!absl::GetFlag(FLAGS_self_check)) return absl::OkStatus();
+  if (absl::Status s = SelfCheck(store); !s.ok()) {
+    // The store failing its own check is no usage error (exit 1, not 2).
+    return absl::InternalError(
+        absl::StrCat("self-check failed: ", s.ToString()));
+  }
+  return absl::OkStatus();
 }
 
 int Main(int argc, char** argv) {
@@ -290,156 +262,37 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "kvkeepd: %s\n", config.status().ToString().c_str());
     return 2;
   }
-  // Metrics exist before the store, which reports to them from its first
-  // session on (the self-check included).
-  auto registry = std::make_shared<prometheus::Registry>();
-  StoreMetrics metrics(*registry, config->metrics_session_series,
-                       KVKEEP_VERSION);
-  absl::StatusOr<Device> device = ResolveDevice(config->device);
-  if (!device.ok()) {
-    std::fprintf(stderr, "kvkeepd: --device: %s\n",
-                 device.status().ToString().c_str());
-    return 2;
-  }
-  StoreOptions store_options;
-  store_options.device = *device;
-  store_options.share_pools = config->share_pools;
-  store_options.observer = &metrics;
-  store_options.pools = config->pools;
-  store_options.max_sessions = config->max_sessions;
-  store_options.max_sessions_per_tenant = config->max_sessions_per_tenant;
-  store_options.max_bytes_per_tenant = config->max_bytes_per_tenant;
-  absl::StatusOr<std::unique_ptr<CacheStore>> store =
-      CacheStore::Create(store_options);
-  if (!store.ok()) {
-    std::fprintf(stderr, "kvkeepd: %s\n", store.status().ToString().c_str());
-    return 1;
-  }
-  for (const LayoutStats& s : (*store)->Layouts()) {
-    const ModelLayout& l = s.layout;
-    std::printf(
-        "kvkeepd: layout '%s': %d layers, %d kv / %d query heads, head_dim "
-        "%d, %s, %d tokens per page; %s pool of %lld pages (%.1f MiB)%s\n",
-        l.name.c_str(), l.num_layers, l.kv_heads, l.query_heads, l.head_dim,
-        std::string(DTypeName(l.dtype)).c_str(), l.page_tokens,
-        device->name().c_str(), static_cast<long long>(s.pool.capacity_pages),
-        s.pool.capacity_pages * s.pool.page_bytes / 1048576.0,
-        config->share_pools ? ", shared" : "");
-  }
-  if (absl::GetFlag(FLAGS_self_check)) {
-    if (absl::Status s = SelfCheck(**store); !s.ok()) {
-      std::fprintf(stderr, "kvkeepd: self-check failed: %s\n",
-                   s.ToString().c_str());
-      return 1;
-    }
-  }
-
-  ServiceOptions service_options;
-  for (const TenantToken& t : config->tenants) {
-    service_options.tenants_by_token[t.token] = t.tenant;
-  }
-  service_options.default_policy = config->default_policy;
-  service_options.max_sessions = config->max_sessions;
-  service_options.max_message_bytes = config->max_message_bytes;
-  service_options.log_events = config->log_events;
-  service_options.backend = device->name();
-  TransferMetrics transfer_metrics(*registry);
-  service_options.on_transfer = [&transfer_metrics](const TransferReport& r) {
-    transfer_metrics.Record(std::string(TransportName(r.transport)), r.outgoing,
-                            r.code, r.bytes, r.duration);
+  ServerHooks hooks;
+  hooks.before_serving = [&config](CacheStore& store) {
+    return BeforeServing(store, *config);
   };
-  AddDaemonHooks(&service_options);
-  std::unique_ptr<TcpTransport> tcp;
-  if (const std::string data = TransferListenAddress(*config); !data.empty()) {
-    absl::StatusOr<std::unique_ptr<TcpTransport>> listening =
-        TcpTransport::Listen(data);
-    if (!listening.ok()) {
-      std::fprintf(stderr, "kvkeepd: %s\n",
-                   listening.status().ToString().c_str());
-      return 1;
-    }
-    tcp = *std::move(listening);
-    service_options.tcp = tcp.get();
+  hooks.edit_service_options = [](ServiceOptions& o) { AddDaemonHooks(&o); };
+  absl::StatusOr<std::unique_ptr<KvKeepServer>> server =
+      KvKeepServer::Start(*config, std::move(hooks));
+  if (!server.ok()) {
+    std::fprintf(stderr, "kvkeepd: %s\n", server.status().ToString().c_str());
+    // What the config got wrong is a usage error, as a bad flag is.
+    return server.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
-  auto service = std::make_unique<KvKeepService>(store->get(), service_options);
-
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-      Credentials(config->tls);
-  if (!credentials.ok()) {
-    std::fprintf(stderr, "kvkeepd: %s\n",
-                 credentials.status().ToString().c_str());
-    return 2;
+  std::printf("kvkeepd: grpc listening on %s\n", (*server)->address().c_str());
+  if (const std::string m = (*server)->metrics_address(); !m.empty()) {
+    std::printf("kvkeepd: metrics on http://%s/metrics\n", m.c_str());
   }
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(config->listen, *credentials, &port);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(config->max_message_bytes));
-  builder.SetMaxSendMessageSize(static_cast<int>(config->max_message_bytes));
-  // Large HTTP/2 frames and a deep window for ReceiveSession's chunks (a
-  // session's pages arrive in 4 MiB chunks); small calls are unaffected.
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 16 << 20);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
-  builder.RegisterService(service.get());
-  std::vector<
-      std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
-      interceptors;
-  std::vector<std::string> methods = MethodsOf({"kvkeep.v1.KvKeep"});
-  for (const char* m :
-       {"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch",
-        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"}) {
-    methods.push_back(m);
-  }
-  interceptors.push_back(NewRpcMetricsFactory(*registry, std::move(methods)));
-  builder.experimental().SetInterceptorCreators(std::move(interceptors));
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    std::fprintf(stderr, "kvkeepd: cannot listen on %s\n",
-                 config->listen.c_str());
-    return 1;
-  }
-  auto collector = std::make_shared<StoreCollector>(**store, metrics);
-  absl::StatusOr<std::unique_ptr<MetricsServer>> metrics_server =
-      MetricsServer::Start(config->metrics_listen, {registry, collector});
-  if (!metrics_server.ok()) {
-    std::fprintf(stderr, "kvkeepd: %s\n",
-                 metrics_server.status().ToString().c_str());
-    server->Shutdown();
-    return 1;
-  }
-  std::printf("kvkeepd: grpc listening on %s\n",
-              BoundAddress(config->listen, port).c_str());
-  std::printf("kvkeepd: metrics on http://%s/metrics\n",
-              (*metrics_server)->address().c_str());
-  if (tcp != nullptr) {
-    std::printf(
-        "kvkeepd: transfer data socket on %s\n",
-        BoundAddress(TransferListenAddress(*config), tcp->port()).c_str());
+  if (const int data = (*server)->data_port(); data != 0) {
+    const std::string listen = TransferListenAddress(*config);
+    std::printf("kvkeepd: transfer data socket on %s:%d\n",
+                listen.substr(0, listen.rfind(':')).c_str(), data);
   }
   std::printf("kvkeepd: ready; SIGTERM or Ctrl-C drains and stops\n");
   std::fflush(stdout);
 
-  int sig = 0;
-  if (absl::GetFlag(FLAGS_exit_after_start)) {
-    sig = SIGTERM;
-  } else {
-    sigwait(&signals, &sig);
-  }
+  int sig = SIGTERM;
+  if (!absl::GetFlag(FLAGS_exit_after_start)) sigwait(&signals, &sig);
   std::printf("kvkeepd: signal %d: draining (up to %.1fs)\n", sig,
               config->drain_seconds);
   std::fflush(stdout);
-  server->GetHealthCheckService()->SetServingStatus(false);
-  server->Shutdown(
-      absl::ToChronoTime(absl::Now() + absl::Seconds(config->drain_seconds)));
-  server->Wait();
-  server.reset();
-  // Then what may still run beside it (transfers being sent, receives
-  // being cleaned up), all of which use the store.
-  service.reset();
-  tcp.reset();
-  metrics_server->reset();  // it reads the store
-  store->reset();
+  (*server)->Stop(absl::Seconds(config->drain_seconds));
+  server->reset();  // then the rest, in KvKeepServer's order
   std::printf("kvkeepd: stopped\n");
   return 0;
 }

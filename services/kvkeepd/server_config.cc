@@ -1,6 +1,8 @@
 #include "services/kvkeepd/server_config.h"
 
+#include <fstream>
 #include <set>
+#include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -140,6 +142,16 @@ absl::Status ApplyTenantsJson(absl::string_view text, ServerConfig& config) {
   if (!tenants.ok()) return tenants.status();
   config.tenants = *std::move(tenants);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadConfigFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("cannot read '", path, "'"));
+  }
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
 }
 
 ServerConfig DefaultConfig() {

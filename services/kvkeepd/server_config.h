@@ -27,6 +27,8 @@ struct TlsConfig {
 
 struct ServerConfig {
   std::string listen = "127.0.0.1:50051";
+  // The /metrics HTTP endpoint, "host:port"; "off": none (the registry and
+  // the RPC metrics still exist; tests that do not scrape use this).
   std::string metrics_listen = "127.0.0.1:9464";
   std::vector<PoolSpec> pools;  // layouts and their pool sizes
   PolicySpec default_policy{"h2o", {}};
@@ -56,6 +58,10 @@ struct ServerConfig {
   // host, any free port; "off": none (pages then come in chunk messages).
   std::string transfer_listen;
 };
+
+// The contents of a file the config names (the config itself, tenants, TLS
+// PEM files): NOT_FOUND naming the path when it cannot be read.
+absl::StatusOr<std::string> ReadConfigFile(const std::string& path);
 
 // Where the data socket listens for `config` ("" for none).
 std::string TransferListenAddress(const ServerConfig& config);

@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -34,14 +35,14 @@
 #include "absl/synchronization/notification.h"
 #include "cache_store/cache_store.h"
 #include "gmock/gmock.h"
-#include "grpcpp/server.h"
-#include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "services/client/kvkeep_client.h"
 #include "services/common/convert.h"
 #include "services/common/grpc_status.h"
+#include "services/kvkeepd/kvkeep_server.h"
 #include "services/kvkeepd/kvkeep_service.h"
+#include "tests/testing/test_server.h"
 
 namespace kvkeep {
 namespace {
@@ -105,58 +106,46 @@ int FreePort() {
   return ntohs(addr.sin_port);
 }
 
-// A KvKeepService (or any service) on a loopback port, in-process.
+// A kvkeepd (KvKeepServer) on a loopback port, in-process: the test
+// pools, small messages, and `tenants` (none: no authentication).
 class TestServer {
  public:
-  static std::unique_ptr<TestServer> Start(ServiceOptions options = {},
-                                           int port = 0) {
-    auto s = std::unique_ptr<TestServer>(new TestServer());
-    absl::StatusOr<std::unique_ptr<CacheStore>> store =
-        CacheStore::Create(TestStoreOptions());
-    if (!store.ok()) return nullptr;
-    s->store_ = *std::move(store);
-    options.max_message_bytes = kMaxMessageBytes;
-    s->service_ =
-        std::make_unique<KvKeepService>(s->store_.get(), std::move(options));
-    if (!s->Listen(s->service_.get(), port)) return nullptr;
-    return s;
+  static std::unique_ptr<TestServer> Start(
+      std::vector<TenantToken> tenants = {}, int port = 0) {
+    return Serve(std::move(tenants), port, {});
   }
-  // Serves `service` (which uses `store`) instead.
-  static std::unique_ptr<TestServer> StartWith(grpc::Service* service) {
-    auto s = std::unique_ptr<TestServer>(new TestServer());
-    if (!s->Listen(service, 0)) return nullptr;
-    return s;
+  // Serves the service `stand_in` makes over the store instead.
+  static std::unique_ptr<TestServer> StartWith(
+      std::function<grpc::Service*(CacheStore&)> stand_in) {
+    return Serve({}, 0, std::move(stand_in));
   }
 
-  ~TestServer() { Stop(); }
-  void Stop() {
-    if (server_ != nullptr) {
-      server_->Shutdown();
-      server_->Wait();
-      server_.reset();
-    }
-  }
+  // Stops serving (the store stays).
+  void Stop() { server_->Stop(absl::Seconds(5)); }
 
-  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
-  CacheStore& store() { return *store_; }
+  const std::string& address() const { return server_->address(); }
+  CacheStore& store() { return server_->store(); }
 
  private:
-  TestServer() = default;
-  bool Listen(grpc::Service* service, int port) {
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort(absl::StrCat("127.0.0.1:", port),
-                             grpc::InsecureServerCredentials(), &port_);
-    builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-    builder.SetMaxSendMessageSize(kMaxMessageBytes);
-    builder.RegisterService(service);
-    server_ = builder.BuildAndStart();
-    return server_ != nullptr && port_ != 0;
+  static std::unique_ptr<TestServer> Serve(
+      std::vector<TenantToken> tenants, int port,
+      std::function<grpc::Service*(CacheStore&)> stand_in) {
+    ServerConfig config = testing::TestServerConfig(TestStoreOptions().pools);
+    config.listen = absl::StrCat("127.0.0.1:", port);
+    config.max_message_bytes = kMaxMessageBytes;
+    config.tenants = std::move(tenants);
+    ServerHooks hooks;
+    hooks.stand_in = std::move(stand_in);
+    absl::StatusOr<std::unique_ptr<KvKeepServer>> server =
+        KvKeepServer::Start(config, std::move(hooks));
+    if (!server.ok()) return nullptr;
+    auto s = std::unique_ptr<TestServer>(new TestServer());
+    s->server_ = *std::move(server);
+    return s;
   }
+  TestServer() = default;
 
-  std::unique_ptr<CacheStore> store_;
-  std::unique_ptr<KvKeepService> service_;
-  std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
+  std::unique_ptr<KvKeepServer> server_;
 };
 
 // Records on_retry calls: "Method#attempt".
@@ -1008,9 +997,8 @@ TEST_F(ClientTest, ErrorsCarryTheServersCodes) {
 }
 
 TEST(ClientAuthTest, TokensAndTenants) {
-  ServiceOptions options;
-  options.tenants_by_token = {{"tok-a", "alice"}, {"tok-b", "bob"}};
-  std::unique_ptr<TestServer> server = TestServer::Start(options);
+  std::unique_ptr<TestServer> server =
+      TestServer::Start({{"alice", "tok-a"}, {"bob", "tok-b"}});
   ASSERT_NE(server, nullptr);
   KvKeepClient anonymous = Connect(server->address());
   KvKeepClient wrong = Connect(server->address(), 2, nullptr, "tok-x");
@@ -1195,12 +1183,14 @@ class LostReplyService final : public v1::KvKeep::CallbackService {
 };
 
 TEST(ClientRetryTest, RetriesAfterALostReply) {
-  absl::StatusOr<std::unique_ptr<CacheStore>> store =
-      CacheStore::Create(TestStoreOptions());
-  ASSERT_TRUE(store.ok());
-  LostReplyService service(store->get());
-  std::unique_ptr<TestServer> server = TestServer::StartWith(&service);
+  std::unique_ptr<LostReplyService> service;
+  std::unique_ptr<TestServer> server =
+      TestServer::StartWith([&service](CacheStore& store) {
+        service = std::make_unique<LostReplyService>(&store);
+        return service.get();
+      });
   ASSERT_NE(server, nullptr);
+  CacheStore& store = server->store();
   auto log = std::make_shared<RetryLog>();
   KvKeepClient c = Connect(server->address(), 3, log);
 
@@ -1209,17 +1199,17 @@ TEST(ClientRetryTest, RetriesAfterALostReply) {
   r.set_idempotency_key("seq-1");
   absl::StatusOr<Session> s = c.CreateSession(r);
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_EQ(service.creates(), 2);
-  ASSERT_EQ((*store)->Sessions().size(), 1u);
-  EXPECT_EQ(SessionName((*store)->Sessions()[0].id), s->id());
+  EXPECT_EQ(service->creates(), 2);
+  ASSERT_EQ(store.Sessions().size(), 1u);
+  EXPECT_EQ(SessionName(store.Sessions()[0].id), s->id());
 
   // The first attempt closed it; the retry finds it gone: closed, freed
   // pages unknown.
   absl::StatusOr<int64_t> freed = s->Close();
   ASSERT_TRUE(freed.ok()) << freed.status();
   EXPECT_EQ(*freed, Session::kUnknownFreedPages);
-  EXPECT_EQ(service.closes(), 2);
-  EXPECT_TRUE((*store)->Sessions().empty());
+  EXPECT_EQ(service->closes(), 2);
+  EXPECT_TRUE(store.Sessions().empty());
   EXPECT_THAT(log->Take(),
               ElementsAreArray({"CreateSession#1", "CloseSession#1"}));
   server->Stop();

@@ -19,15 +19,13 @@
 #include "absl/strings/str_cat.h"
 #include "cache_store/cache_store.h"
 #include "gmock/gmock.h"
-#include "grpcpp/security/server_credentials.h"
-#include "grpcpp/server.h"
-#include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
 #include "services/client/kvkeep_client.h"
-#include "services/kvkeepd/kvkeep_service.h"
+#include "services/kvkeepd/kvkeep_server.h"
 #include "services/workers/evaluation.h"
 #include "services/workers/session_driver.h"
 #include "services/workers/workload.h"
+#include "tests/testing/test_server.h"
 
 namespace kvkeep {
 namespace {
@@ -54,31 +52,20 @@ ModelLayout EvalLayout() {
 class EvalTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    StoreOptions options;
-    options.pools.push_back(PoolSpec{EvalLayout(), 4096});
-    store_ = CacheStore::Create(options)->release();
-    ServiceOptions service_options;
-    service_options.max_message_bytes = 64 << 20;
-    service_ = new KvKeepService(store_, service_options);
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                             &port_);
-    builder.SetMaxReceiveMessageSize(64 << 20);
-    builder.RegisterService(service_);
-    server_ = builder.BuildAndStart().release();
+    absl::StatusOr<std::unique_ptr<KvKeepServer>> server = KvKeepServer::Start(
+        testing::TestServerConfig({PoolSpec{EvalLayout(), 4096}}));
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = server->release();
   }
   static void TearDownTestSuite() {
-    server_->Shutdown();
-    server_->Wait();
     delete server_;
-    delete service_;
-    delete store_;
+    server_ = nullptr;
   }
 
   void SetUp() override {
     ASSERT_NE(server_, nullptr);
     client::ClientOptions options;
-    options.address = absl::StrCat("127.0.0.1:", port_);
+    options.address = server_->address();
     client_ = std::make_unique<client::KvKeepClient>(
         *client::KvKeepClient::Connect(options));
     absl::StatusOr<v1::ServerInfo> info = client_->GetServerInfo();
@@ -107,18 +94,12 @@ class EvalTest : public ::testing::Test {
     return row.value_or(EvalRow{});
   }
 
-  static CacheStore* store_;
-  static KvKeepService* service_;
-  static grpc::Server* server_;
-  static int port_;
+  static KvKeepServer* server_;
   std::unique_ptr<client::KvKeepClient> client_;
   v1::Layout layout_;
 };
 
-CacheStore* EvalTest::store_ = nullptr;
-KvKeepService* EvalTest::service_ = nullptr;
-grpc::Server* EvalTest::server_ = nullptr;
-int EvalTest::port_ = 0;
+KvKeepServer* EvalTest::server_ = nullptr;
 
 TEST_F(EvalTest, FullLosesNothingAndPoliciesKeepTheirBudget) {
   const Workload w = MakeWorkload(WorkloadFamily::kMixed);
@@ -135,7 +116,8 @@ TEST_F(EvalTest, FullLosesNothingAndPoliciesKeepTheirBudget) {
     EXPECT_LE(row.mean_resident_tokens, row.budget_tokens + 1);
     EXPECT_GT(row.attention_loss.mean, 0.0);
   }
-  EXPECT_EQ(store_->ListSessions().size(), 0u) << "every session closed";
+  EXPECT_EQ(server_->store().ListSessions().size(), 0u)
+      << "every session closed";
 }
 
 TEST_F(EvalTest, SinksSeparateWindowFromStreamingLlm) {

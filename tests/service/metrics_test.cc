@@ -12,17 +12,15 @@
 #include "absl/strings/str_cat.h"
 #include "cache_store/cache_store.h"
 #include "gmock/gmock.h"
-#include "grpcpp/security/server_credentials.h"
-#include "grpcpp/server.h"
-#include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
 #include "services/client/kvkeep_client.h"
-#include "services/kvkeepd/kvkeep_service.h"
+#include "services/kvkeepd/kvkeep_server.h"
 #include "services/metrics/metrics_server.h"
 #include "services/metrics/rpc_metrics.h"
 #include "services/metrics/store_metrics.h"
 #include "tests/service/metrics_testing.h"
+#include "tests/testing/test_server.h"
 
 namespace kvkeep {
 namespace {
@@ -50,54 +48,28 @@ ModelLayout TestLayout() {
   return l;
 }
 
-// A store, its metrics, the service with the RPC interceptor, and /metrics.
+// A kvkeepd (KvKeepServer) with its /metrics endpoint.
 class MetricsTest : public ::testing::Test {
  protected:
   void Start(int64_t max_session_series = 100, int64_t pool_pages = 256,
              int64_t max_sessions_per_tenant = 0) {
-    registry_ = std::make_shared<prometheus::Registry>();
-    metrics_ =
-        std::make_unique<StoreMetrics>(*registry_, max_session_series, "test");
-    StoreOptions options;
-    options.pools.push_back(PoolSpec{TestLayout(), pool_pages});
-    options.observer = metrics_.get();
-    options.max_sessions_per_tenant = max_sessions_per_tenant;
-    store_ = *CacheStore::Create(options);
-    service_ = std::make_unique<KvKeepService>(store_.get(), ServiceOptions{});
-
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                             &port);
-    builder.RegisterService(service_.get());
-    std::vector<
-        std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
-        interceptors;
-    interceptors.push_back(
-        NewRpcMetricsFactory(*registry_, MethodsOf({"kvkeep.v1.KvKeep"})));
-    builder.experimental().SetInterceptorCreators(std::move(interceptors));
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-
-    collector_ = std::make_shared<StoreCollector>(*store_, *metrics_);
-    absl::StatusOr<std::unique_ptr<MetricsServer>> http =
-        MetricsServer::Start("127.0.0.1:0", {registry_, collector_});
-    ASSERT_TRUE(http.ok()) << http.status();
-    http_ = *std::move(http);
+    ServerConfig config =
+        testing::TestServerConfig({PoolSpec{TestLayout(), pool_pages}});
+    config.metrics_listen = "127.0.0.1:0";
+    config.metrics_session_series = max_session_series;
+    config.max_sessions_per_tenant = max_sessions_per_tenant;
+    absl::StatusOr<std::unique_ptr<KvKeepServer>> server =
+        KvKeepServer::Start(config);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
 
     client::ClientOptions client_options;
-    client_options.address = absl::StrCat("127.0.0.1:", port);
+    client_options.address = server_->address();
     client_ = std::make_unique<client::KvKeepClient>(
         *client::KvKeepClient::Connect(client_options));
   }
 
-  void TearDown() override {
-    http_.reset();
-    if (server_ != nullptr) {
-      server_->Shutdown();
-      server_->Wait();
-    }
-  }
+  void TearDown() override { server_.reset(); }
 
   client::Session Open(const std::string& policy, int64_t budget) {
     absl::StatusOr<client::Session> s =
@@ -107,18 +79,15 @@ class MetricsTest : public ::testing::Test {
   }
 
   std::vector<Sample> Scrape() {
-    absl::StatusOr<std::string> text = HttpGet(http_->address(), "/metrics");
+    absl::StatusOr<std::string> text =
+        HttpGet(server_->metrics_address(), "/metrics");
     EXPECT_TRUE(text.ok()) << text.status();
     return ParseExposition(text.value_or(""));
   }
 
-  std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<StoreMetrics> metrics_;
-  std::unique_ptr<CacheStore> store_;
-  std::unique_ptr<KvKeepService> service_;
-  std::unique_ptr<grpc::Server> server_;
-  std::shared_ptr<StoreCollector> collector_;
-  std::unique_ptr<MetricsServer> http_;
+  // The store, its metrics, the service with the RPC interceptor and
+  // /metrics, as kvkeepd builds them.
+  std::unique_ptr<KvKeepServer> server_;
   std::unique_ptr<client::KvKeepClient> client_;
   std::mt19937 rng_{7};
 };

@@ -7,9 +7,6 @@
 // once every session is closed.
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
-#include <grpcpp/security/server_credentials.h>
-#include <grpcpp/server.h>
-#include <grpcpp/server_builder.h>
 
 #include <algorithm>
 #include <chrono>
@@ -31,7 +28,8 @@
 #include "gtest/gtest.h"
 #include "kernels/dtype.h"
 #include "kvkeep/v1/kvkeep.grpc.pb.h"
-#include "services/kvkeepd/kvkeep_service.h"
+#include "services/kvkeepd/kvkeep_server.h"
+#include "tests/testing/test_server.h"
 
 namespace kvkeep {
 namespace {
@@ -357,43 +355,25 @@ struct DrivenSession {
 class ConcurrencyTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    const std::vector<PoolSpec> pools = {PoolSpec{TinyLayout(), kPoolPages}};
+    ServerConfig config = testing::TestServerConfig(pools);
+    config.max_message_bytes = 1 << 20;
+    absl::StatusOr<std::unique_ptr<KvKeepServer>> server =
+        KvKeepServer::Start(config);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
     StoreOptions options;
-    options.pools = {PoolSpec{TinyLayout(), kPoolPages}};
-    absl::StatusOr<std::unique_ptr<CacheStore>> store =
-        CacheStore::Create(options);
-    ASSERT_TRUE(store.ok()) << store.status();
-    store_ = *std::move(store);
+    options.pools = pools;
     absl::StatusOr<std::unique_ptr<CacheStore>> replica =
         CacheStore::Create(options);
     ASSERT_TRUE(replica.ok()) << replica.status();
     replica_ = *std::move(replica);
-
-    ServiceOptions service_options;
-    service_options.max_message_bytes = 1 << 20;
-    service_ = std::make_unique<KvKeepService>(store_.get(), service_options);
-    grpc::EnableDefaultHealthCheckService(true);
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                             &port);
-    builder.SetMaxReceiveMessageSize(1 << 20);
-    builder.SetMaxSendMessageSize(1 << 20);
-    builder.RegisterService(service_.get());
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-    ASSERT_NE(port, 0);
-    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+    channel_ = grpc::CreateChannel(server_->address(),
                                    grpc::InsecureChannelCredentials());
     stub_ = v1::KvKeep::NewStub(channel_);
   }
 
-  void TearDown() override {
-    if (server_ != nullptr) {
-      server_->Shutdown(std::chrono::system_clock::now() +
-                        std::chrono::seconds(5));
-      server_->Wait();
-    }
-  }
+  void TearDown() override { server_.reset(); }
 
   static void Prepare(grpc::ClientContext& ctx) {
     ctx.set_deadline(std::chrono::system_clock::now() + kCallDeadline);
@@ -551,10 +531,8 @@ class ConcurrencyTest : public ::testing::Test {
     }
   }
 
-  std::unique_ptr<CacheStore> store_;
+  std::unique_ptr<KvKeepServer> server_;
   std::unique_ptr<CacheStore> replica_;
-  std::unique_ptr<KvKeepService> service_;
-  std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::KvKeep::Stub> stub_;
 };
@@ -683,7 +661,7 @@ TEST_F(ConcurrencyTest, SixtyFourSessionsMatchTheirReplicas) {
   Prepare(ctx);
   ASSERT_TRUE(stub_->ListSessions(&ctx, v1::ListSessionsRequest(), &list).ok());
   EXPECT_EQ(list.sessions_size(), 0);
-  EXPECT_EQ(store_->Layouts()[0].pool.used_pages, 0);
+  EXPECT_EQ(server_->store().Layouts()[0].pool.used_pages, 0);
 }
 
 }  // namespace

@@ -8,9 +8,6 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/credentials.h>
-#include <grpcpp/security/server_credentials.h>
-#include <grpcpp/server.h>
-#include <grpcpp/server_builder.h>
 #include <grpcpp/support/byte_buffer.h>
 
 #include <algorithm>
@@ -35,7 +32,9 @@
 #include "gtest/gtest.h"
 #include "kernels/dtype.h"
 #include "kvkeep/v1/kvkeep.grpc.pb.h"
+#include "services/kvkeepd/kvkeep_server.h"
 #include "services/kvkeepd/kvkeep_service.h"
+#include "tests/testing/test_server.h"
 
 namespace kvkeep {
 namespace {
@@ -323,72 +322,42 @@ std::vector<PoolSpec> DefaultPools(int64_t pages = 512) {
   };
 }
 
-// A KvKeepService over its own CacheStore on 127.0.0.1:<ephemeral>, built as
-// kvkeepd builds it, and a channel to it.
+// A kvkeepd (KvKeepServer) on 127.0.0.1:<ephemeral>, and a channel to it.
 class TestServer {
  public:
   static std::unique_ptr<TestServer> Start(const TestServerOptions& options) {
-    StoreOptions store_options;
-    store_options.pools = options.pools;
-    store_options.max_sessions = options.max_sessions;
-    store_options.max_sessions_per_tenant = options.max_sessions_per_tenant;
-    store_options.max_bytes_per_tenant = options.max_bytes_per_tenant;
-    absl::StatusOr<std::unique_ptr<CacheStore>> store =
-        CacheStore::Create(store_options);
-    if (!store.ok()) {
-      ADD_FAILURE() << store.status();
+    ServerConfig config = testing::TestServerConfig(options.pools);
+    config.max_sessions = options.max_sessions;
+    config.max_sessions_per_tenant = options.max_sessions_per_tenant;
+    config.max_bytes_per_tenant = options.max_bytes_per_tenant;
+    config.max_message_bytes = options.max_message_bytes;
+    for (const auto& [token, tenant] : options.tenants_by_token) {
+      config.tenants.push_back(TenantToken{tenant, token});
+    }
+    absl::StatusOr<std::unique_ptr<KvKeepServer>> started =
+        KvKeepServer::Start(config);
+    if (!started.ok()) {
+      ADD_FAILURE() << started.status();
       return nullptr;
     }
     auto server = std::unique_ptr<TestServer>(new TestServer());
-    server->store_ = *std::move(store);
-    ServiceOptions service_options;
-    service_options.tenants_by_token = options.tenants_by_token;
-    service_options.max_sessions = options.max_sessions;
-    service_options.max_message_bytes = options.max_message_bytes;
-    server->service_ =
-        std::make_unique<KvKeepService>(server->store_.get(), service_options);
-    grpc::EnableDefaultHealthCheckService(true);
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                             &port);
-    builder.SetMaxReceiveMessageSize(options.max_message_bytes);
-    builder.SetMaxSendMessageSize(options.max_message_bytes);
-    builder.RegisterService(server->service_.get());
-    server->server_ = builder.BuildAndStart();
-    if (server->server_ == nullptr || port == 0) {
-      ADD_FAILURE() << "cannot start a server on 127.0.0.1:0";
-      return nullptr;
-    }
+    server->server_ = *std::move(started);
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(-1);
-    server->channel_ =
-        grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port),
-                                  grpc::InsecureChannelCredentials(), args);
+    server->channel_ = grpc::CreateCustomChannel(
+        server->server_->address(), grpc::InsecureChannelCredentials(), args);
     server->stub_ = v1::KvKeep::NewStub(server->channel_);
     return server;
   }
 
-  ~TestServer() {
-    if (server_ != nullptr) {
-      server_->Shutdown(std::chrono::system_clock::now() +
-                        std::chrono::seconds(5));
-      server_->Wait();
-    }
-  }
-
   v1::KvKeep::Stub& stub() { return *stub_; }
   const std::shared_ptr<grpc::Channel>& channel() { return channel_; }
-  CacheStore& store() { return *store_; }
+  CacheStore& store() { return server_->store(); }
 
  private:
   TestServer() = default;
 
-  // Declaration order is teardown order in reverse: the server stops before
-  // the service and the store it uses go away.
-  std::unique_ptr<CacheStore> store_;
-  std::unique_ptr<KvKeepService> service_;
-  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<KvKeepServer> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::KvKeep::Stub> stub_;
 };

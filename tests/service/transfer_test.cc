@@ -21,12 +21,10 @@
 #include "cache_store/cache_store.h"
 #include "gmock/gmock.h"
 #include "grpcpp/client_context.h"
-#include "grpcpp/security/server_credentials.h"
-#include "grpcpp/server.h"
-#include "grpcpp/server_builder.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
 #include "services/client/kvkeep_client.h"
+#include "services/kvkeepd/kvkeep_server.h"
 #include "services/kvkeepd/kvkeep_service.h"
 #include "services/transfer/chunk_wire.h"
 #include "services/transfer/session_receiver.h"
@@ -34,6 +32,7 @@
 #include "services/transfer/tcp_transport.h"
 #include "tests/service/metrics_testing.h"
 #include "tests/testing/faulty_page_sender.h"
+#include "tests/testing/test_server.h"
 
 namespace kvkeep {
 namespace {
@@ -52,56 +51,39 @@ ModelLayout Layout(int32_t head_dim = 8) {
   return l;
 }
 
-// A store and its service on a loopback port, with a data socket for
-// incoming transfers on `data_listen` (none if empty).
+// A kvkeepd (KvKeepServer) on a loopback port, with a data socket for
+// incoming transfers on `data_listen` (none if empty); `options` gives its
+// outgoing transfers' page-sender wrapper (faults).
 class Store {
  public:
   explicit Store(int64_t pages, ServiceOptions options = {}, Device device = {},
                  int32_t head_dim = 8,
                  const std::string& data_listen = "127.0.0.1:0") {
-    StoreOptions store_options;
-    store_options.pools.push_back(PoolSpec{Layout(head_dim), pages});
-    store_options.device = device;
-    store_ = *CacheStore::Create(store_options);
-    if (!data_listen.empty()) {
-      tcp_ = *TcpTransport::Listen(data_listen);
-      options.tcp = tcp_.get();
-    }
-    service_ =
-        std::make_unique<KvKeepService>(store_.get(), std::move(options));
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                             &port);
-    builder.RegisterService(service_.get());
-    server_ = builder.BuildAndStart();
-    address_ = absl::StrCat("127.0.0.1:", port);
+    ServerConfig config =
+        testing::TestServerConfig({PoolSpec{Layout(head_dim), pages}});
+    config.device = device.name();
+    config.transfer_listen = data_listen.empty() ? "off" : data_listen;
+    ServerHooks hooks;
+    hooks.edit_service_options =
+        [wrap = std::move(options.wrap_transfer_sender)](ServiceOptions& o) {
+          o.wrap_transfer_sender = wrap;
+        };
+    server_ = *KvKeepServer::Start(config, std::move(hooks));
     client::ClientOptions client_options;
-    client_options.address = address_;
+    client_options.address = address();
     client_ = std::make_unique<client::KvKeepClient>(
         *client::KvKeepClient::Connect(client_options));
   }
-  ~Store() { Stop(); }
-  void Stop() {
-    if (server_ != nullptr) {
-      server_->Shutdown();
-      server_->Wait();
-      server_.reset();
-    }
-  }
+  void Stop() { server_->Stop(absl::Seconds(5)); }
 
-  CacheStore& store() { return *store_; }
-  const std::string& address() const { return address_; }
+  CacheStore& store() { return server_->store(); }
+  const std::string& address() const { return server_->address(); }
   client::KvKeepClient& client() { return *client_; }
-  int64_t used_pages() { return store_->Layouts()[0].pool.used_pages; }
-  int data_port() const { return tcp_ != nullptr ? tcp_->port() : 0; }
+  int64_t used_pages() { return store().Layouts()[0].pool.used_pages; }
+  int data_port() const { return server_->data_port(); }
 
  private:
-  std::unique_ptr<CacheStore> store_;
-  std::unique_ptr<TcpTransport> tcp_;
-  std::unique_ptr<KvKeepService> service_;
-  std::unique_ptr<grpc::Server> server_;
-  std::string address_;
+  std::unique_ptr<KvKeepServer> server_;
   std::unique_ptr<client::KvKeepClient> client_;
 };
 
@@ -110,25 +92,19 @@ class Store {
 class RawTarget {
  public:
   explicit RawTarget(int64_t pages) {
-    StoreOptions store_options;
-    store_options.pools.push_back(PoolSpec{Layout(), pages});
-    store_ = *CacheStore::Create(store_options);
-    service_ = std::make_unique<Service>(store_.get(), &log_);
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                             &port);
-    builder.RegisterService(service_.get());
-    server_ = builder.BuildAndStart();
-    address_ = absl::StrCat("127.0.0.1:", port);
+    ServerHooks hooks;
+    hooks.stand_in = [this](CacheStore& store) {
+      service_ = std::make_unique<Service>(&store, &log_);
+      return service_.get();
+    };
+    server_ = *KvKeepServer::Start(
+        testing::TestServerConfig({PoolSpec{Layout(), pages}}),
+        std::move(hooks));
   }
-  ~RawTarget() {
-    server_->Shutdown();
-    server_->Wait();
-  }
-  CacheStore& store() { return *store_; }
-  const std::string& address() const { return address_; }
-  int64_t used_pages() { return store_->Layouts()[0].pool.used_pages; }
+  ~RawTarget() { server_->Stop(absl::Seconds(5)); }
+  CacheStore& store() { return server_->store(); }
+  const std::string& address() const { return server_->address(); }
+  int64_t used_pages() { return store().Layouts()[0].pool.used_pages; }
 
  private:
   class Service final : public v1::KvKeep::CallbackService {
@@ -145,11 +121,9 @@ class RawTarget {
     }
   };
 
-  std::unique_ptr<CacheStore> store_;
   TransferLog log_;
   std::unique_ptr<Service> service_;
-  std::unique_ptr<grpc::Server> server_;
-  std::string address_;
+  std::unique_ptr<KvKeepServer> server_;  // last: stops before the rest
 };
 
 grpc::Status Transfer(Store& from, const std::string& session,

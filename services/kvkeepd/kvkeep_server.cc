@@ -1,0 +1,202 @@
+#include "services/kvkeepd/kvkeep_server.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+#include "services/metrics/rpc_metrics.h"
+
+namespace kvkeep {
+namespace {
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(
+    const TlsConfig& tls) {
+  if (tls.cert_file.empty() && tls.key_file.empty()) {
+    if (!tls.client_ca_file.empty()) {
+      return absl::InvalidArgumentError(
+          "tls client_ca_file needs cert_file and key_file");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  absl::StatusOr<std::string> cert = ReadConfigFile(tls.cert_file);
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadConfigFile(tls.key_file);
+  if (!key.ok()) return key.status();
+  grpc::SslServerCredentialsOptions options;
+  options.pem_key_cert_pairs.push_back({*key, *cert});
+  if (!tls.client_ca_file.empty()) {
+    absl::StatusOr<std::string> ca = ReadConfigFile(tls.client_ca_file);
+    if (!ca.ok()) return ca.status();
+    options.pem_root_certs = *ca;
+    options.client_certificate_request =
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(options);
+}
+
+std::string BoundAddress(const std::string& listen, int port) {
+  const size_t colon = listen.rfind(':');
+  return absl::StrCat(listen.substr(0, colon), ":", port);
+}
+
+}  // namespace
+
+StoreOptions StoreOptionsFor(const ServerConfig& config, const Device& device,
+                             StoreObserver* observer) {
+  StoreOptions options;
+  options.device = device;
+  options.share_pools = config.share_pools;
+  options.observer = observer;
+  options.pools = config.pools;
+  options.max_sessions = config.max_sessions;
+  options.max_sessions_per_tenant = config.max_sessions_per_tenant;
+  options.max_bytes_per_tenant = config.max_bytes_per_tenant;
+  return options;
+}
+
+ServiceOptions ServiceOptionsFor(const ServerConfig& config,
+                                 const Device& device) {
+  ServiceOptions options;
+  for (const TenantToken& t : config.tenants) {
+    options.tenants_by_token[t.token] = t.tenant;
+  }
+  options.default_policy = config.default_policy;
+  options.max_sessions = config.max_sessions;
+  options.max_message_bytes = config.max_message_bytes;
+  options.log_events = config.log_events;
+  options.backend = device.name();
+  return options;
+}
+
+absl::StatusOr<std::unique_ptr<KvKeepServer>> KvKeepServer::Start(
+    const ServerConfig& config, ServerHooks hooks) {
+  auto server = std::unique_ptr<KvKeepServer>(new KvKeepServer(config));
+  if (absl::Status s = server->Build(hooks); !s.ok()) return s;
+  return server;
+}
+
+absl::Status KvKeepServer::Build(ServerHooks& hooks) {
+  absl::StatusOr<Device> device = ResolveDevice(config_.device);
+  if (!device.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device: ", device.status().message()));
+  }
+  device_ = *device;
+  // Metrics exist before the store, which reports to them from its first
+  // session on (a self-check included).
+  registry_ = std::make_shared<prometheus::Registry>();
+  metrics_ = std::make_unique<StoreMetrics>(
+      *registry_, config_.metrics_session_series, KVKEEP_VERSION);
+  transfer_metrics_ = std::make_unique<TransferMetrics>(*registry_);
+  absl::StatusOr<std::unique_ptr<CacheStore>> store =
+      CacheStore::Create(StoreOptionsFor(config_, device_, metrics_.get()));
+  if (!store.ok()) return store.status();
+  store_ = *std::move(store);
+  if (hooks.before_serving) {
+    if (absl::Status s = hooks.before_serving(*store_); !s.ok()) return s;
+  }
+
+  grpc::Service* service = nullptr;
+  if (hooks.stand_in) {
+    service = hooks.stand_in(*store_);
+  } else {
+    ServiceOptions options = ServiceOptionsFor(config_, device_);
+    options.on_transfer =
+        [m = transfer_metrics_.get()](const TransferReport& r) {
+          m->Record(std::string(TransportName(r.transport)), r.outgoing, r.code,
+                    r.bytes, r.duration);
+        };
+    if (const std::string data = TransferListenAddress(config_);
+        !data.empty()) {
+      absl::StatusOr<std::unique_ptr<TcpTransport>> tcp =
+          TcpTransport::Listen(data);
+      if (!tcp.ok()) return tcp.status();
+      tcp_ = *std::move(tcp);
+      options.tcp = tcp_.get();
+    }
+    if (hooks.edit_service_options) hooks.edit_service_options(options);
+    service_ =
+        std::make_unique<KvKeepService>(store_.get(), std::move(options));
+    service = service_.get();
+  }
+  if (absl::Status s = Listen(service); !s.ok()) return s;
+
+  if (config_.metrics_listen != "off") {
+    collector_ = std::make_shared<StoreCollector>(*store_, *metrics_);
+    absl::StatusOr<std::unique_ptr<MetricsServer>> http =
+        MetricsServer::Start(config_.metrics_listen, {registry_, collector_});
+    if (!http.ok()) return http.status();  // the destructor stops the rest
+    metrics_server_ = *std::move(http);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvKeepServer::Listen(grpc::Service* service) {
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      Credentials(config_.tls);
+  if (!credentials.ok()) {
+    return absl::InvalidArgumentError(credentials.status().message());
+  }
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(config_.listen, *credentials, &port_);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(config_.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(config_.max_message_bytes));
+  // Large HTTP/2 frames and a deep window for ReceiveSession's chunks (a
+  // session's pages arrive in 4 MiB chunks); small calls are unaffected.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 16 << 20);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
+  builder.RegisterService(service);
+  std::vector<std::string> methods = MethodsOf({"kvkeep.v1.KvKeep"});
+  for (const char* m :
+       {"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch",
+        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"}) {
+    methods.push_back(m);
+  }
+  std::vector<
+      std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+      interceptors;
+  interceptors.push_back(NewRpcMetricsFactory(*registry_, std::move(methods)));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", config_.listen));
+  }
+  address_ = BoundAddress(config_.listen, port_);
+  return absl::OkStatus();
+}
+
+void KvKeepServer::Stop(absl::Duration drain) {
+  absl::MutexLock lock(&stop_mu_);
+  if (stopped_ || server_ == nullptr) return;
+  stopped_ = true;
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + drain));
+  server_->Wait();
+}
+
+std::string KvKeepServer::metrics_address() const {
+  return metrics_server_ != nullptr ? metrics_server_->address() : "";
+}
+
+KvKeepServer::~KvKeepServer() {
+  Stop(absl::Seconds(config_.drain_seconds));
+  // The shutdown order of the header comment.
+  server_.reset();
+  service_.reset();
+  tcp_.reset();
+  metrics_server_.reset();
+  collector_.reset();
+  store_.reset();
+  transfer_metrics_.reset();
+  metrics_.reset();
+}
+
+}  // namespace kvkeep
