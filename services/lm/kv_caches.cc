@@ -88,28 +88,6 @@ const std::byte* Bytes(const std::string& s, int64_t offset) {
 
 }  // namespace
 
-absl::Status SlotCache::Append(absl::Span<const int64_t> positions,
-                               absl::Span<const std::string> keys,
-                               absl::Span<const std::string> values) {
-  if (absl::Status s =
-          CheckNewTokens(num_layers(), token_bytes_, positions, keys, values);
-      !s.ok()) {
-    return s;
-  }
-  const int64_t n = static_cast<int64_t>(positions.size());
-  for (int32_t l = 0; l < num_layers(); ++l) {
-    LayerSlots& layer = layers_[l];
-    const int64_t first = static_cast<int64_t>(layer.positions.size());
-    Reserve(layer, first + n);
-    layer.positions.resize(first + n);
-    for (int64_t i = 0; i < n; ++i) {
-      Place(layer, first + i, positions[i], Bytes(keys[l], i * token_bytes_),
-            Bytes(values[l], i * token_bytes_));
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::Status SlotCache::Apply(const v1::StepResult& result,
                               absl::Span<const int64_t> positions,
                               absl::Span<const std::string> keys,

@@ -1,11 +1,11 @@
 // The two places kvkeep-lm's forward pass reads a sequence's resident keys
 // and values from (model.h's KvSource):
 //
-//  - SlotCache: the worker's own copy, one contiguous buffer per layer in
-//    slot order. It is the whole cache in --local mode, and the mirror of a
-//    kvkeepd session that the worker cannot map: it follows each call's
-//    LayerChange (moves, then the kept slots, then the kept new tokens) with
-//    the bytes the worker sent, so it holds what the store holds.
+//  - SlotCache: the mirror of a kvkeepd session that the worker cannot
+//    map, one contiguous buffer per layer in slot order: it follows each
+//    call's LayerChange (moves, then the kept slots, then the kept new
+//    tokens) with the bytes the worker sent, so it holds what the store
+//    holds. (--local keeps its cache in a ContiguousKv, which never evicts.)
 //  - MappedPool: kvkeepd's host pool mapped read-only from POSIX shared
 //    memory (MapPool); a session's view of it is the block tables the
 //    worker mirrors (client::BlockTableMirror). No byte is copied.
@@ -36,15 +36,11 @@ class SlotCache final : public KvSource {
 
   ResidentKv Layer(int32_t layer) const override;
 
-  // Appends a step's n new tokens to every layer (keys[l] and values[l] are
-  // [n][kv_heads][head_dim]): what a cache that evicts nothing does.
-  absl::Status Append(absl::Span<const int64_t> positions,
-                      absl::Span<const std::string> keys,
-                      absl::Span<const std::string> values);
   // Follows one call's change of every layer (a StepResult), in the
   // documented order. `positions`, `keys`, `values`: the call's new tokens
-  // (empty for a call that appended nothing). INVALID_ARGUMENT, nothing
-  // changed, when the change does not fit.
+  // (keys[l] and values[l] are [n][kv_heads][head_dim]; empty for a call
+  // that appended nothing). INVALID_ARGUMENT, nothing changed, when the
+  // change does not fit.
   absl::Status Apply(const v1::StepResult& result,
                      absl::Span<const int64_t> positions = {},
                      absl::Span<const std::string> keys = {},

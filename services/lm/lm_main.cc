@@ -273,8 +273,10 @@ absl::Status OpenFile(Setup& setup) {
   return absl::OkStatus();
 }
 
-// Opens one sequence per run and loads the model for their caches' dtype.
-absl::Status Prepare(Setup& setup, const std::vector<RunSpec>& runs) {
+// Opens one sequence per run, for up to `tokens` tokens, and loads the
+// model for their caches' dtype.
+absl::Status Prepare(Setup& setup, const std::vector<RunSpec>& runs,
+                     int64_t tokens) {
   absl::StatusOr<ModelConfig> config = ModelConfig::FromGguf(*setup.file);
   if (!config.ok()) return config.status();
   absl::StatusOr<PositionMode> positions = PositionsFromFlags();
@@ -289,7 +291,8 @@ absl::Status Prepare(Setup& setup, const std::vector<RunSpec>& runs) {
             absl::StrCat("--local keeps every token (policy full); ",
                          run.policy, " needs kvkeepd"));
       }
-      setup.sequences.push_back(NewLocalSequence(*config, *dtype, run.label));
+      setup.sequences.push_back(
+          NewLocalSequence(*config, *dtype, run.label, tokens));
     }
     setup.where =
         absl::StrCat("local cache (", std::string(DTypeName(*dtype)), ")");
@@ -368,7 +371,10 @@ absl::Status Perplexity() {
   absl::StatusOr<std::vector<RunSpec>> runs =
       RunsFromFlags(static_cast<int64_t>(ids.size()));
   if (!runs.ok()) return runs.status();
-  if (absl::Status s = Prepare(setup, *runs); !s.ok()) return s;
+  if (absl::Status s = Prepare(setup, *runs, static_cast<int64_t>(ids.size()));
+      !s.ok()) {
+    return s;
+  }
 
   PerplexityOptions options;
   options.prompt_tokens = absl::GetFlag(FLAGS_prompt_tokens);
@@ -444,7 +450,6 @@ absl::Status GenerateCommand() {
   }
   Setup setup;
   if (absl::Status s = OpenFile(setup); !s.ok()) return s;
-  if (absl::Status s = Prepare(setup, *runs); !s.ok()) return s;
   if (absl::GetFlag(FLAGS_chat)) {
     prompt = absl::StrCat("<|im_start|>user\n", prompt,
                           "<|im_end|>\n<|im_start|>assistant\n");
@@ -452,6 +457,12 @@ absl::Status GenerateCommand() {
   const std::vector<int32_t> ids = setup.tokenizer->Encode(prompt, true);
   GenerateOptions options;
   options.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  if (absl::Status s =
+          Prepare(setup, *runs,
+                  static_cast<int64_t>(ids.size()) + options.max_new_tokens);
+      !s.ok()) {
+    return s;
+  }
   options.chunk = absl::GetFlag(FLAGS_chunk);
   options.min_last_chunk = MinLastChunk(setup.sequences);
   options.stop_ids = setup.tokenizer->StopIds();

@@ -62,25 +62,24 @@ int64_t TokenBytes(const ModelConfig& config, DType dtype) {
 
 class LocalSequence final : public Sequence {
  public:
-  LocalSequence(const ModelConfig& config, DType dtype, std::string label)
-      : slots_(config.layers, TokenBytes(config, dtype)),
+  LocalSequence(const ModelConfig& config, DType dtype, std::string label,
+                int64_t capacity_tokens)
+      : cache_(config, dtype, capacity_tokens),
+        layers_(config.layers),
         label_(std::move(label)) {}
 
-  const KvSource& cache() const override { return slots_; }
+  const KvSource& cache() const override { return cache_; }
   AttentionOutput attention(StepKind) const override {
     return AttentionOutput::kNone;
   }
   absl::Status Commit(const SequenceStep& step, StepKind) override {
-    return slots_.Append(step.positions, step.keys, step.values);
+    return cache_.Append(step);
   }
   absl::StatusOr<CacheUsage> Usage() const override {
     CacheUsage usage;
-    for (int32_t l = 0; l < slots_.num_layers(); ++l) {
-      usage.resident_tokens += slots_.resident(l);
-    }
-    usage.resident_tokens_per_layer =
-        static_cast<double>(usage.resident_tokens) / slots_.num_layers();
-    usage.bytes = 2 * usage.resident_tokens * slots_.token_bytes();
+    usage.resident_tokens_per_layer = static_cast<double>(cache_.resident());
+    usage.resident_tokens = cache_.resident() * layers_;
+    usage.bytes = 2 * usage.resident_tokens * cache_.token_bytes();
     return usage;
   }
   absl::Status Close() override { return absl::OkStatus(); }
@@ -88,7 +87,8 @@ class LocalSequence final : public Sequence {
   std::string_view access() const override { return "local"; }
 
  private:
-  SlotCache slots_;
+  ContiguousKv cache_;
+  int32_t layers_;
   std::string label_;
 };
 
@@ -295,8 +295,10 @@ class StoreSequence final : public Sequence {
 }  // namespace
 
 std::unique_ptr<Sequence> NewLocalSequence(const ModelConfig& config,
-                                           DType kv_dtype, std::string label) {
-  return std::make_unique<LocalSequence>(config, kv_dtype, std::move(label));
+                                           DType kv_dtype, std::string label,
+                                           int64_t capacity_tokens) {
+  return std::make_unique<LocalSequence>(config, kv_dtype, std::move(label),
+                                         capacity_tokens);
 }
 
 absl::StatusOr<DType> DTypeOf(const v1::Layout& layout) {

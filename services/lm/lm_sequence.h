@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "services/client/kvkeep_client.h"
+#include "services/lm/contiguous_kv.h"
 #include "services/lm/kv_caches.h"
 #include "services/lm/model.h"
 
@@ -68,9 +69,12 @@ class Sequence {
   virtual int64_t min_prompt_end_tokens() const { return 1; }
 };
 
-// The worker's own cache; evicts nothing (policy "full").
+// The worker's own cache (contiguous_kv.h) for up to `capacity_tokens`
+// tokens; evicts nothing (policy "full"). A step past the capacity is
+// OUT_OF_RANGE.
 std::unique_ptr<Sequence> NewLocalSequence(const ModelConfig& config,
-                                           DType kv_dtype, std::string label);
+                                           DType kv_dtype, std::string label,
+                                           int64_t capacity_tokens);
 
 // How a store sequence reads its cache.
 enum class CacheAccess {

@@ -1,4 +1,4 @@
-// SlotCache: the worker's copy of a session's cache follows appends and
+// SlotCache: the worker's mirror of a session's cache follows appends and
 // LayerChanges exactly as the documented order says, and refuses a change
 // that does not fit without touching anything.
 #include "services/lm/kv_caches.h"
@@ -47,11 +47,23 @@ v1::LayerChange Change(int32_t layer, int64_t resident,
   return c;
 }
 
+// What an append that evicts nothing reports: every layer now holds
+// `resident` tokens.
+v1::StepResult Kept(int32_t layers, int64_t resident) {
+  v1::StepResult r;
+  for (int32_t l = 0; l < layers; ++l) {
+    *r.add_layers() = Change(l, resident, {}, {});
+  }
+  return r;
+}
+
 TEST(SlotCacheTest, AppendsThenFollowsMovesEvictionsAndNewTokens) {
   SlotCache cache(1, kTokenBytes);
   const std::vector<int64_t> first = {0, 1, 2, 3, 4};
-  ASSERT_TRUE(
-      cache.Append(first, {TokenBytesOf(5, 10)}, {TokenBytesOf(5, 60)}).ok());
+  ASSERT_TRUE(cache
+                  .Apply(Kept(1, 5), first, {TokenBytesOf(5, 10)},
+                         {TokenBytesOf(5, 60)})
+                  .ok());
   EXPECT_EQ(Keys(cache, 0), (std::vector<int>{10, 11, 12, 13, 14}));
 
   // Positions 1 and 2 evicted; the survivors above the new end (slots 3, 4)
@@ -75,9 +87,11 @@ TEST(SlotCacheTest, AppendsThenFollowsMovesEvictionsAndNewTokens) {
 
 TEST(SlotCacheTest, RefusesAChangeThatDoesNotFitAndKeepsItsBytes) {
   SlotCache cache(2, kTokenBytes);
+  const std::vector<int64_t> first = {0, 1};
   ASSERT_TRUE(cache
-                  .Append({0, 1}, {TokenBytesOf(2, 10), TokenBytesOf(2, 30)},
-                          {TokenBytesOf(2, 60), TokenBytesOf(2, 80)})
+                  .Apply(Kept(2, 2), first,
+                         {TokenBytesOf(2, 10), TokenBytesOf(2, 30)},
+                         {TokenBytesOf(2, 60), TokenBytesOf(2, 80)})
                   .ok());
   v1::StepResult r;
   *r.add_layers() = Change(0, 1, {0}, {{1, 0}});
@@ -90,8 +104,10 @@ TEST(SlotCacheTest, RefusesAChangeThatDoesNotFitAndKeepsItsBytes) {
   EXPECT_EQ(cache.Apply(wrong_layers).code(),
             absl::StatusCode::kInvalidArgument);
   // New tokens whose bytes do not match their count.
-  EXPECT_EQ(cache.Append({2}, {"short", "short"}, {"x", "y"}).code(),
-            absl::StatusCode::kInvalidArgument);
+  const std::vector<int64_t> third = {2};
+  EXPECT_EQ(
+      cache.Apply(Kept(2, 3), third, {"short", "short"}, {"x", "y"}).code(),
+      absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(cache.resident(1), 2);
 }
 
@@ -100,8 +116,8 @@ TEST(SlotCacheTest, GrowsWithoutLosingBytes) {
   for (int64_t p = 0; p < 40; ++p) {
     const std::vector<int64_t> one = {p};
     ASSERT_TRUE(cache
-                    .Append(one, {TokenBytesOf(1, int(p))},
-                            {TokenBytesOf(1, int(p) + 50)})
+                    .Apply(Kept(1, p + 1), one, {TokenBytesOf(1, int(p))},
+                           {TokenBytesOf(1, int(p) + 50)})
                     .ok());
   }
   std::vector<int> expected;
