@@ -23,48 +23,17 @@
 #include "gtest/gtest.h"
 #include "kernels/dtype.h"
 #include "tests/test_device.h"
+#include "tests/testing/status_matchers.h"
 #include "tests/token_data.h"
 
 namespace kvkeep {
 namespace {
 
+using ::kvkeep::testing::ExpectError;
+using ::kvkeep::testing::StatusOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
-
-// ---------------------------------------------------------------------------
-// Helpers (the same small harness as session_test.cc; each test binary is
-// self-contained).
-
-#define KV_CONCAT_INNER(a, b) a##b
-#define KV_CONCAT(a, b) KV_CONCAT_INNER(a, b)
-#define KV_ASSERT_OK(expr)                                \
-  do {                                                    \
-    const auto& kv_status_ = (expr);                      \
-    ASSERT_TRUE(kv_status_.ok()) << StatusOf(kv_status_); \
-  } while (false)
-#define KV_ASSIGN_OR_FAIL(lhs, expr)            \
-  auto KV_CONCAT(kv_or_, __LINE__) = (expr);    \
-  ASSERT_TRUE(KV_CONCAT(kv_or_, __LINE__).ok()) \
-      << KV_CONCAT(kv_or_, __LINE__).status();  \
-  lhs = *std::move(KV_CONCAT(kv_or_, __LINE__))
-
-absl::Status StatusOf(const absl::Status& s) { return s; }
-template <typename T>
-absl::Status StatusOf(const absl::StatusOr<T>& s) {
-  return s.status();
-}
-
-// Expects `s` to fail with `code` and a message containing every fragment.
-template <typename S>
-void ExpectError(const S& s, absl::StatusCode code,
-                 std::initializer_list<const char*> fragments) {
-  const absl::Status status = StatusOf(s);
-  EXPECT_EQ(status.code(), code) << status;
-  for (const char* f : fragments) {
-    EXPECT_THAT(std::string(status.message()), HasSubstr(f)) << status;
-  }
-}
 
 // ListSessions() is in ascending id order, whatever order they were made in.
 std::vector<SessionId> Sorted(std::vector<SessionId> ids) {

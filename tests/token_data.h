@@ -10,21 +10,11 @@
 #include <vector>
 
 #include "cache_store/model_layout.h"
+#include "tests/testing/noise.h"
 
 namespace kvkeep::test_data {
 
-// A deterministic value in [-1, 1) for any tuple of integers (splitmix64).
-inline double Noise(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
-  uint64_t x = a * 0x9E3779B97F4A7C15ull + b * 0xBF58476D1CE4E5B9ull +
-               c * 0x94D049BB133111EBull + d * 0xD6E8FEB86659FD93ull + 1;
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 31;
-  return static_cast<double>(x >> 11) / static_cast<double>(1ull << 53) * 2.0 -
-         1.0;
-}
+using ::kvkeep::testing::Noise;  // a value in [-1, 1) for any tuple
 
 // The keys (values = false) or values of `positions` in one layer, in the
 // layout's dtype: [n][kv_heads][head_dim].

@@ -31,6 +31,7 @@
 #include "kernels/dtype.h"
 #include "nlohmann/json.hpp"
 #include "services/client/kvkeep_client.h"
+#include "services/common/dtype_proto.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "kvkeepd address");
 ABSL_FLAG(std::string, token, "",
@@ -145,16 +146,8 @@ class Table {
 };
 
 std::string DTypeName(v1::DType dtype) {
-  switch (dtype) {
-    case v1::DTYPE_F32:
-      return "f32";
-    case v1::DTYPE_F16:
-      return "f16";
-    case v1::DTYPE_BF16:
-      return "bf16";
-    default:
-      return "unspecified";
-  }
+  absl::StatusOr<DType> d = DTypeFromProto(dtype);
+  return d.ok() ? std::string(kvkeep::DTypeName(*d)) : "unspecified";
 }
 
 std::string Bytes(int64_t bytes) {

@@ -15,6 +15,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "services/common/dtype_proto.h"
 #include "services/common/grpc_status.h"
 
 namespace kvkeep::client {
@@ -126,15 +127,8 @@ class Connection {
 namespace {
 
 int64_t DTypeBytes(v1::DType dtype) {
-  switch (dtype) {
-    case v1::DTYPE_F32:
-      return 4;
-    case v1::DTYPE_F16:
-    case v1::DTYPE_BF16:
-      return 2;
-    default:
-      return 0;
-  }
+  absl::StatusOr<DType> d = DTypeFromProto(dtype);
+  return d.ok() ? kvkeep::DTypeBytes(*d) : 0;
 }
 
 // Bytes of one token's keys (or values) in one layer.

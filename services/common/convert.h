@@ -10,6 +10,7 @@
 #include "cache_store/cache_store.h"
 #include "cache_store/policy_registry.h"
 #include "kvkeep/v1/kvkeep.pb.h"
+#include "services/common/dtype_proto.h"
 
 namespace kvkeep {
 
@@ -28,9 +29,6 @@ void LayoutToProto(const ModelLayout& in, v1::Layout* out);
 void PolicyInfoToProto(const PolicyInfo& in, v1::PolicyInfo* out);
 void StatsToProto(const SessionStats& in, v1::SessionStats* out);
 void BlockTableToProto(const BlockTable& in, v1::BlockTable* out);
-
-v1::DType DTypeToProto(DType t);
-absl::StatusOr<DType> DTypeFromProto(v1::DType t);
 
 // The domain spec of a create request (tenant and defaults filled by the
 // caller).

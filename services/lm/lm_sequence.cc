@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "services/common/dtype_proto.h"
 
 namespace kvkeep::lm {
 
@@ -302,18 +303,12 @@ std::unique_ptr<Sequence> NewLocalSequence(const ModelConfig& config,
 }
 
 absl::StatusOr<DType> DTypeOf(const v1::Layout& layout) {
-  switch (layout.dtype()) {
-    case v1::DTYPE_F32:
-      return DType::kF32;
-    case v1::DTYPE_F16:
-      return DType::kF16;
-    case v1::DTYPE_BF16:
-      return DType::kBF16;
-    default:
-      break;
+  absl::StatusOr<DType> dtype = DTypeFromProto(layout.dtype());
+  if (!dtype.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout ", layout.name(), ": ", dtype.status().message()));
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "layout ", layout.name(), " has dtype ", v1::DType_Name(layout.dtype())));
+  return dtype;
 }
 
 absl::StatusOr<v1::Layout> FindLayout(const v1::ServerInfo& info,

@@ -111,6 +111,8 @@ absl::StatusOr<v1::Layout> FindLayout(const v1::ServerInfo& info,
                                       const ModelConfig& config,
                                       PositionMode positions,
                                       const std::string& name = "");
+// The layout's element type (DTypeFromProto, with the layout's name in the
+// error).
 absl::StatusOr<DType> DTypeOf(const v1::Layout& layout);
 
 }  // namespace kvkeep::lm

@@ -9,20 +9,14 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/dtype.h"
+#include "services/common/dtype_proto.h"
 
 namespace kvkeep::workers {
 namespace {
 
-DType ToDType(v1::DType d) {
-  switch (d) {
-    case v1::DTYPE_F16:
-      return DType::kF16;
-    case v1::DTYPE_BF16:
-      return DType::kBF16;
-    default:
-      return DType::kF32;
-  }
-}
+// The layout's element type; f32 for a dtype this build does not know (the
+// server publishes none).
+DType ToDType(v1::DType d) { return DTypeFromProto(d).value_or(DType::kF32); }
 
 // Every token the worker has seen, per layer, in float32 as generated: the
 // keys and values a model would hold (the store may hold them rounded to

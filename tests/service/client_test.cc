@@ -106,47 +106,26 @@ int FreePort() {
   return ntohs(addr.sin_port);
 }
 
-// A kvkeepd (KvKeepServer) on a loopback port, in-process: the test
-// pools, small messages, and `tenants` (none: no authentication).
-class TestServer {
- public:
-  static std::unique_ptr<TestServer> Start(
-      std::vector<TenantToken> tenants = {}, int port = 0) {
-    return Serve(std::move(tenants), port, {});
-  }
-  // Serves the service `stand_in` makes over the store instead.
-  static std::unique_ptr<TestServer> StartWith(
-      std::function<grpc::Service*(CacheStore&)> stand_in) {
-    return Serve({}, 0, std::move(stand_in));
-  }
+using TestServer = testing::TestServer;
 
-  // Stops serving (the store stays).
-  void Stop() { server_->Stop(absl::Seconds(5)); }
-
-  const std::string& address() const { return server_->address(); }
-  CacheStore& store() { return server_->store(); }
-
- private:
-  static std::unique_ptr<TestServer> Serve(
-      std::vector<TenantToken> tenants, int port,
-      std::function<grpc::Service*(CacheStore&)> stand_in) {
-    ServerConfig config = testing::TestServerConfig(TestStoreOptions().pools);
-    config.listen = absl::StrCat("127.0.0.1:", port);
-    config.max_message_bytes = kMaxMessageBytes;
-    config.tenants = std::move(tenants);
-    ServerHooks hooks;
-    hooks.stand_in = std::move(stand_in);
-    absl::StatusOr<std::unique_ptr<KvKeepServer>> server =
-        KvKeepServer::Start(config, std::move(hooks));
-    if (!server.ok()) return nullptr;
-    auto s = std::unique_ptr<TestServer>(new TestServer());
-    s->server_ = *std::move(server);
-    return s;
-  }
-  TestServer() = default;
-
-  std::unique_ptr<KvKeepServer> server_;
-};
+// A kvkeepd (KvKeepServer) on a loopback port, in-process: the test pools,
+// small messages, `tenants` (none: no authentication) and, with `stand_in`,
+// the service it makes over the store instead of kvkeep's. Null if it
+// cannot start (port taken).
+std::unique_ptr<TestServer> StartServer(
+    std::vector<TenantToken> tenants = {}, int port = 0,
+    std::function<grpc::Service*(CacheStore&)> stand_in = nullptr) {
+  ServerConfig config = testing::TestServerConfig(TestStoreOptions().pools);
+  config.listen = absl::StrCat("127.0.0.1:", port);
+  config.max_message_bytes = kMaxMessageBytes;
+  config.tenants = std::move(tenants);
+  ServerHooks hooks;
+  hooks.stand_in = std::move(stand_in);
+  absl::StatusOr<std::unique_ptr<TestServer>> server =
+      TestServer::Start(config, std::move(hooks));
+  if (!server.ok()) return nullptr;
+  return *std::move(server);
+}
 
 // Records on_retry calls: "Method#attempt".
 class RetryLog {
@@ -343,7 +322,7 @@ v1::LayerScores Scores(const std::string& form, const v1::Layout& layout,
 class ClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    server_ = TestServer::Start();
+    server_ = StartServer();
     ASSERT_NE(server_, nullptr);
     client_ = std::make_unique<KvKeepClient>(Connect(server_->address()));
   }
@@ -998,7 +977,7 @@ TEST_F(ClientTest, ErrorsCarryTheServersCodes) {
 
 TEST(ClientAuthTest, TokensAndTenants) {
   std::unique_ptr<TestServer> server =
-      TestServer::Start({{"alice", "tok-a"}, {"bob", "tok-b"}});
+      StartServer({{"alice", "tok-a"}, {"bob", "tok-b"}});
   ASSERT_NE(server, nullptr);
   KvKeepClient anonymous = Connect(server->address());
   KvKeepClient wrong = Connect(server->address(), 2, nullptr, "tok-x");
@@ -1066,7 +1045,7 @@ TEST(ClientRetryTest, NoServerGivesUnavailableAfterTheRetries) {
 
 // Calls that change a session are sent once; reads are retried.
 TEST(ClientRetryTest, OnlyIdempotentCallsAreRetried) {
-  std::unique_ptr<TestServer> server = TestServer::Start();
+  std::unique_ptr<TestServer> server = StartServer();
   ASSERT_NE(server, nullptr);
   auto log = std::make_shared<RetryLog>();
   KvKeepClient c = Connect(server->address(), 2, log);
@@ -1127,7 +1106,7 @@ TEST(ClientRetryTest, IdempotentCallSucceedsOnceTheServerIsUp) {
   absl::StatusOr<v1::ServerInfo> info = absl::UnknownError("not run");
   std::thread caller([&] { info = c->GetServerInfo(); });
   retrying.WaitForNotification();  // the client has failed at least once
-  std::unique_ptr<TestServer> server = TestServer::Start({}, port);
+  std::unique_ptr<TestServer> server = StartServer({}, port);
   caller.join();
   ASSERT_NE(server, nullptr) << "port " << port << " was taken meanwhile";
   ASSERT_TRUE(info.ok()) << info.status();
@@ -1185,7 +1164,7 @@ class LostReplyService final : public v1::KvKeep::CallbackService {
 TEST(ClientRetryTest, RetriesAfterALostReply) {
   std::unique_ptr<LostReplyService> service;
   std::unique_ptr<TestServer> server =
-      TestServer::StartWith([&service](CacheStore& store) {
+      StartServer({}, 0, [&service](CacheStore& store) {
         service = std::make_unique<LostReplyService>(&store);
         return service.get();
       });

@@ -49,8 +49,8 @@
 #include "grpcpp/support/channel_arguments.h"
 #include "gtest/gtest.h"
 #include "kvkeep/v1/kvkeep.grpc.pb.h"
-#include "tests/service/child_process.h"
-#include "tests/service/metrics_testing.h"
+#include "tests/testing/child_process.h"
+#include "tests/testing/metrics_testing.h"
 
 namespace kvkeep {
 namespace {

@@ -19,7 +19,7 @@
 #include "services/metrics/metrics_server.h"
 #include "services/metrics/rpc_metrics.h"
 #include "services/metrics/store_metrics.h"
-#include "tests/service/metrics_testing.h"
+#include "tests/testing/metrics_testing.h"
 #include "tests/testing/test_server.h"
 
 namespace kvkeep {

@@ -38,8 +38,8 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "services/client/kvkeep_client.h"
-#include "tests/service/child_process.h"
-#include "tests/service/metrics_testing.h"
+#include "tests/testing/child_process.h"
+#include "tests/testing/metrics_testing.h"
 
 namespace kvkeep {
 namespace {

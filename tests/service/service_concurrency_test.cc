@@ -29,6 +29,7 @@
 #include "kernels/dtype.h"
 #include "kvkeep/v1/kvkeep.grpc.pb.h"
 #include "services/kvkeepd/kvkeep_server.h"
+#include "tests/testing/noise.h"
 #include "tests/testing/test_server.h"
 
 namespace kvkeep {
@@ -82,22 +83,7 @@ const std::vector<PolicyCase>& Policies() {
 // Deterministic steps, as a proto for the wire and domain values for the
 // replica.
 
-uint64_t Mix(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
-  uint64_t x = a * 0x9E3779B97F4A7C15ull + b * 0xBF58476D1CE4E5B9ull +
-               c * 0x94D049BB133111EBull + d * 0xD6E8FEB86659FD93ull + 1;
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 31;
-  return x;
-}
-
-float Noise(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
-  return static_cast<float>(static_cast<double>(Mix(a, b, c, d) >> 11) /
-                                static_cast<double>(1ull << 53) * 2.0 -
-                            1.0);
-}
+using ::kvkeep::testing::NoiseF;
 
 struct ScoreSpec {
   int32_t layer = 0;
@@ -118,7 +104,7 @@ std::string KvBytes(const ModelLayout& l, uint64_t session, int32_t layer,
   std::string out(elems * DTypeBytes(l.dtype), '\0');
   for (int64_t e = 0; e < elems; ++e) {
     StoreFromFloat(l.dtype, out.data(), e,
-                   Noise(session, layer * 2 + which, position, e));
+                   NoiseF(session, layer * 2 + which, position, e));
   }
   return out;
 }
@@ -128,7 +114,7 @@ std::vector<float> Weights(int64_t n, float total, uint64_t a, uint64_t b) {
   double sum = 0;
   for (int64_t j = 0; j < n; ++j) {
     // Skewed, so some tokens are clearly heavier than others.
-    const float x = std::abs(Noise(a, b, j, 3));
+    const float x = std::abs(NoiseF(a, b, j, 3));
     w[j] = 0.01f + x * x * x;
     sum += w[j];
   }
@@ -152,7 +138,7 @@ ScoreSpec MakeScores(const ModelLayout& l, int32_t layer, uint64_t version,
       break;
     case ScoreSource::kQueries:
       for (int64_t i = 0; i < int64_t{l.query_heads} * l.head_dim; ++i) {
-        s.data.push_back(3.0f * Noise(a, b, layer, i));
+        s.data.push_back(3.0f * NoiseF(a, b, layer, i));
       }
       break;
   }
@@ -358,8 +344,8 @@ class ConcurrencyTest : public ::testing::Test {
     const std::vector<PoolSpec> pools = {PoolSpec{TinyLayout(), kPoolPages}};
     ServerConfig config = testing::TestServerConfig(pools);
     config.max_message_bytes = 1 << 20;
-    absl::StatusOr<std::unique_ptr<KvKeepServer>> server =
-        KvKeepServer::Start(config);
+    absl::StatusOr<std::unique_ptr<testing::TestServer>> server =
+        testing::TestServer::Start(config);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     StoreOptions options;
@@ -368,9 +354,6 @@ class ConcurrencyTest : public ::testing::Test {
         CacheStore::Create(options);
     ASSERT_TRUE(replica.ok()) << replica.status();
     replica_ = *std::move(replica);
-    channel_ = grpc::CreateChannel(server_->address(),
-                                   grpc::InsecureChannelCredentials());
-    stub_ = v1::KvKeep::NewStub(channel_);
   }
 
   void TearDown() override { server_.reset(); }
@@ -393,7 +376,7 @@ class ConcurrencyTest : public ::testing::Test {
     v1::CreateSessionResponse resp;
     grpc::ClientContext ctx;
     Prepare(ctx);
-    const grpc::Status status = stub_->CreateSession(&ctx, req, &resp);
+    const grpc::Status status = server_->stub().CreateSession(&ctx, req, &resp);
     if (!status.ok()) return "CreateSession: " + status.error_message();
     s.id = resp.session_id();
     SessionSpec spec;
@@ -409,7 +392,7 @@ class ConcurrencyTest : public ::testing::Test {
     }
     s.ctx = std::make_unique<grpc::ClientContext>();
     Prepare(*s.ctx);
-    s.stream = stub_->Decode(s.ctx.get());
+    s.stream = server_->stub().Decode(s.ctx.get());
     return "";
   }
 
@@ -531,10 +514,8 @@ class ConcurrencyTest : public ::testing::Test {
     }
   }
 
-  std::unique_ptr<KvKeepServer> server_;
+  std::unique_ptr<testing::TestServer> server_;
   std::unique_ptr<CacheStore> replica_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::KvKeep::Stub> stub_;
 };
 
 TEST_F(ConcurrencyTest, SixtyFourSessionsMatchTheirReplicas) {
@@ -574,7 +555,7 @@ TEST_F(ConcurrencyTest, SixtyFourSessionsMatchTheirReplicas) {
       v1::GetBlockTablesResponse tables;
       grpc::ClientContext ctx;
       Prepare(ctx);
-      ASSERT_TRUE(stub_->GetBlockTables(&ctx, req, &tables).ok());
+      ASSERT_TRUE(server_->stub().GetBlockTables(&ctx, req, &tables).ok());
       ASSERT_EQ(tables.tables_size(), std::ssize(s.layers));
       for (int l = 0; l < tables.tables_size(); ++l) {
         const v1::BlockTable& t = tables.tables(l);
@@ -595,7 +576,8 @@ TEST_F(ConcurrencyTest, SixtyFourSessionsMatchTheirReplicas) {
       v1::SessionStats stats;
       grpc::ClientContext stats_ctx;
       Prepare(stats_ctx);
-      ASSERT_TRUE(stub_->GetSessionStats(&stats_ctx, stats_req, &stats).ok());
+      ASSERT_TRUE(
+          server_->stub().GetSessionStats(&stats_ctx, stats_req, &stats).ok());
       absl::StatusOr<SessionStats> want = replica_->GetStats(s.replica_id);
       ASSERT_TRUE(want.ok());
       EXPECT_EQ(stats.policy(), s.policy->name);
@@ -625,8 +607,9 @@ TEST_F(ConcurrencyTest, SixtyFourSessionsMatchTheirReplicas) {
   {
     grpc::ClientContext ctx;
     Prepare(ctx);
-    ASSERT_TRUE(
-        stub_->GetServerInfo(&ctx, v1::GetServerInfoRequest(), &info).ok());
+    ASSERT_TRUE(server_->stub()
+                    .GetServerInfo(&ctx, v1::GetServerInfoRequest(), &info)
+                    .ok());
   }
   ASSERT_EQ(info.pools_size(), 1);
   EXPECT_EQ(info.pools(0).used_pages(), pages);
@@ -643,7 +626,7 @@ TEST_F(ConcurrencyTest, SixtyFourSessionsMatchTheirReplicas) {
       v1::CloseSessionResponse resp;
       grpc::ClientContext ctx;
       Prepare(ctx);
-      ASSERT_TRUE(stub_->CloseSession(&ctx, req, &resp).ok());
+      ASSERT_TRUE(server_->stub().CloseSession(&ctx, req, &resp).ok());
       freed += resp.freed_pages();
     }
   }
@@ -651,15 +634,18 @@ TEST_F(ConcurrencyTest, SixtyFourSessionsMatchTheirReplicas) {
   {
     grpc::ClientContext ctx;
     Prepare(ctx);
-    ASSERT_TRUE(
-        stub_->GetServerInfo(&ctx, v1::GetServerInfoRequest(), &info).ok());
+    ASSERT_TRUE(server_->stub()
+                    .GetServerInfo(&ctx, v1::GetServerInfoRequest(), &info)
+                    .ok());
   }
   EXPECT_EQ(info.pools(0).used_pages(), 0);
   EXPECT_EQ(info.pools(0).sessions(), 0);
   v1::ListSessionsResponse list;
   grpc::ClientContext ctx;
   Prepare(ctx);
-  ASSERT_TRUE(stub_->ListSessions(&ctx, v1::ListSessionsRequest(), &list).ok());
+  ASSERT_TRUE(server_->stub()
+                  .ListSessions(&ctx, v1::ListSessionsRequest(), &list)
+                  .ok());
   EXPECT_EQ(list.sessions_size(), 0);
   EXPECT_EQ(server_->store().Layouts()[0].pool.used_pages, 0);
 }

@@ -34,11 +34,14 @@
 #include "kvkeep/v1/kvkeep.grpc.pb.h"
 #include "services/kvkeepd/kvkeep_server.h"
 #include "services/kvkeepd/kvkeep_service.h"
+#include "tests/testing/grpc_status_matchers.h"
+#include "tests/testing/noise.h"
 #include "tests/testing/test_server.h"
 
 namespace kvkeep {
 namespace {
 
+using ::kvkeep::testing::ExpectStatus;
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
@@ -66,23 +69,8 @@ ModelLayout MakeLayout(std::string name, DType dtype, bool pre_rope = false) {
   return l;
 }
 
-uint64_t Mix(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
-  uint64_t x = a * 0x9E3779B97F4A7C15ull + b * 0xBF58476D1CE4E5B9ull +
-               c * 0x94D049BB133111EBull + d * 0xD6E8FEB86659FD93ull + 1;
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 31;
-  return x;
-}
-
-// A deterministic value in [-1, 1).
-float Noise(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
-  return static_cast<float>(static_cast<double>(Mix(a, b, c, d) >> 11) /
-                                static_cast<double>(1ull << 53) * 2.0 -
-                            1.0);
-}
+using ::kvkeep::testing::Mix;
+using ::kvkeep::testing::NoiseF;
 
 // One layer's keys (which = 0) or values (which = 1) for `positions`, in the
 // layout's dtype: [n][kv_heads][head_dim]. `raw` fills every byte with noise
@@ -103,7 +91,7 @@ std::string KvBytes(const ModelLayout& l, int32_t layer,
     } else {
       for (int64_t e = 0; e < elems; ++e) {
         StoreFromFloat(l.dtype, out.data(), t * elems + e,
-                       Noise(layer, positions[t], e, which));
+                       NoiseF(layer, positions[t], e, which));
       }
     }
   }
@@ -134,7 +122,7 @@ std::vector<float> Weights(int64_t n, float total, uint64_t seed,
   std::vector<float> w(n);
   double sum = 0;
   for (int64_t j = 0; j < n; ++j) {
-    w[j] = 0.05f + std::abs(Noise(seed, salt, j, 77));
+    w[j] = 0.05f + std::abs(NoiseF(seed, salt, j, 77));
     sum += w[j];
   }
   for (float& x : w) x = static_cast<float>(x / sum * total);
@@ -157,7 +145,7 @@ ScoreSpec MakeScores(const ModelLayout& l, int32_t layer, uint64_t version,
       break;
     case ScoreSource::kQueries:
       for (int64_t i = 0; i < int64_t{l.query_heads} * l.head_dim; ++i) {
-        s.data.push_back(2.0f * Noise(seed, layer, i, 99));
+        s.data.push_back(2.0f * NoiseF(seed, layer, i, 99));
       }
       break;
   }
@@ -322,72 +310,31 @@ std::vector<PoolSpec> DefaultPools(int64_t pages = 512) {
   };
 }
 
-// A kvkeepd (KvKeepServer) on 127.0.0.1:<ephemeral>, and a channel to it.
-class TestServer {
- public:
-  static std::unique_ptr<TestServer> Start(const TestServerOptions& options) {
-    ServerConfig config = testing::TestServerConfig(options.pools);
-    config.max_sessions = options.max_sessions;
-    config.max_sessions_per_tenant = options.max_sessions_per_tenant;
-    config.max_bytes_per_tenant = options.max_bytes_per_tenant;
-    config.max_message_bytes = options.max_message_bytes;
-    for (const auto& [token, tenant] : options.tenants_by_token) {
-      config.tenants.push_back(TenantToken{tenant, token});
-    }
-    absl::StatusOr<std::unique_ptr<KvKeepServer>> started =
-        KvKeepServer::Start(config);
-    if (!started.ok()) {
-      ADD_FAILURE() << started.status();
-      return nullptr;
-    }
-    auto server = std::unique_ptr<TestServer>(new TestServer());
-    server->server_ = *std::move(started);
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(-1);
-    server->channel_ = grpc::CreateCustomChannel(
-        server->server_->address(), grpc::InsecureChannelCredentials(), args);
-    server->stub_ = v1::KvKeep::NewStub(server->channel_);
-    return server;
+// A kvkeepd (KvKeepServer) on 127.0.0.1:<ephemeral>, and a channel to it;
+// null (after a test failure) if it cannot start.
+std::unique_ptr<testing::TestServer> StartTestServer(
+    const TestServerOptions& options) {
+  ServerConfig config = testing::TestServerConfig(options.pools);
+  config.max_sessions = options.max_sessions;
+  config.max_sessions_per_tenant = options.max_sessions_per_tenant;
+  config.max_bytes_per_tenant = options.max_bytes_per_tenant;
+  config.max_message_bytes = options.max_message_bytes;
+  for (const auto& [token, tenant] : options.tenants_by_token) {
+    config.tenants.push_back(TenantToken{tenant, token});
   }
-
-  v1::KvKeep::Stub& stub() { return *stub_; }
-  const std::shared_ptr<grpc::Channel>& channel() { return channel_; }
-  CacheStore& store() { return server_->store(); }
-
- private:
-  TestServer() = default;
-
-  std::unique_ptr<KvKeepServer> server_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::KvKeep::Stub> stub_;
-};
+  absl::StatusOr<std::unique_ptr<testing::TestServer>> server =
+      testing::TestServer::Start(config);
+  if (!server.ok()) {
+    ADD_FAILURE() << server.status();
+    return nullptr;
+  }
+  return *std::move(server);
+}
 
 void Prepare(grpc::ClientContext& ctx, const std::string& token) {
   ctx.set_deadline(std::chrono::system_clock::now() + kCallDeadline);
   if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
 }
-
-// Expects `s` to fail with `code` and a message containing every fragment.
-void ExpectStatus(const grpc::Status& s, grpc::StatusCode code,
-                  std::initializer_list<std::string> fragments) {
-  EXPECT_EQ(s.error_code(), code) << s.error_message();
-  for (const std::string& f : fragments) {
-    EXPECT_THAT(s.error_message(), HasSubstr(f));
-  }
-}
-
-#define EXPECT_GRPC_OK(expr)                                    \
-  do {                                                          \
-    const grpc::Status kv_s_ = (expr);                          \
-    EXPECT_TRUE(kv_s_.ok())                                     \
-        << kv_s_.error_code() << ": " << kv_s_.error_message(); \
-  } while (false)
-#define ASSERT_GRPC_OK(expr)                                    \
-  do {                                                          \
-    const grpc::Status kv_s_ = (expr);                          \
-    ASSERT_TRUE(kv_s_.ok())                                     \
-        << kv_s_.error_code() << ": " << kv_s_.error_message(); \
-  } while (false)
 
 struct CreateArgs {
   std::string layout = "tiny-f32";
@@ -610,7 +557,7 @@ class ServiceTest : public ::testing::Test {
 
   void StartServer(const TestServerOptions& options) {
     server_.reset();
-    server_ = TestServer::Start(options);
+    server_ = StartTestServer(options);
     ASSERT_NE(server_, nullptr);
   }
 
@@ -650,7 +597,7 @@ class ServiceTest : public ::testing::Test {
     if (view != nullptr) view->Apply(result);
   }
 
-  std::unique_ptr<TestServer> server_;
+  std::unique_ptr<testing::TestServer> server_;
   const ModelLayout f32_ = MakeLayout("tiny-f32", DType::kF32);
 };
 
@@ -1385,7 +1332,8 @@ TEST_F(ServiceTest, CompressPromptSnapKv) {
   std::vector<ScoreSpec> queries;
   for (int32_t layer = 0; layer < 2; ++layer) {
     ScoreSpec s{layer, qv.version[layer], ScoreSource::kQueries, 4, {}};
-    for (int i = 0; i < 4 * 4 * 8; ++i) s.data.push_back(Noise(layer, i, 5, 5));
+    for (int i = 0; i < 4 * 4 * 8; ++i)
+      s.data.push_back(NoiseF(layer, i, 5, 5));
     queries.push_back(s);
   }
   // Not every layer: refused, nothing changed.

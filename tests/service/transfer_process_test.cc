@@ -27,8 +27,8 @@
 #include "gtest/gtest.h"
 #include "services/client/kvkeep_client.h"
 #include "services/workers/session_driver.h"
-#include "tests/service/child_process.h"
-#include "tests/service/metrics_testing.h"
+#include "tests/testing/child_process.h"
+#include "tests/testing/metrics_testing.h"
 
 namespace kvkeep {
 namespace {

@@ -30,8 +30,8 @@
 #include "services/transfer/session_receiver.h"
 #include "services/transfer/session_state.h"
 #include "services/transfer/tcp_transport.h"
-#include "tests/service/metrics_testing.h"
 #include "tests/testing/faulty_page_sender.h"
+#include "tests/testing/metrics_testing.h"
 #include "tests/testing/test_server.h"
 
 namespace kvkeep {

@@ -2,6 +2,10 @@
 
 #include <utility>
 
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+
 namespace kvkeep::testing {
 
 ServerConfig TestServerConfig(std::vector<PoolSpec> pools) {
@@ -12,6 +16,21 @@ ServerConfig TestServerConfig(std::vector<PoolSpec> pools) {
   config.pools = std::move(pools);
   config.drain_seconds = 5;
   return config;
+}
+
+absl::StatusOr<std::unique_ptr<TestServer>> TestServer::Start(
+    const ServerConfig& config, ServerHooks hooks) {
+  absl::StatusOr<std::unique_ptr<KvKeepServer>> started =
+      KvKeepServer::Start(config, std::move(hooks));
+  if (!started.ok()) return started.status();
+  auto server = std::unique_ptr<TestServer>(new TestServer());
+  server->server_ = *std::move(started);
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  server->channel_ = grpc::CreateCustomChannel(
+      server->server_->address(), grpc::InsecureChannelCredentials(), args);
+  server->stub_ = v1::KvKeep::NewStub(server->channel_);
+  return server;
 }
 
 }  // namespace kvkeep::testing

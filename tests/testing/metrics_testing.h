@@ -1,8 +1,8 @@
 // Test helpers for kvkeepd's metrics: an HTTP GET over loopback, a parser of
 // the Prometheus text format, and a decode loop that makes a session evict.
 // Header-only; each function is thread-safe.
-#ifndef KVKEEP_TESTS_SERVICE_METRICS_TESTING_H_
-#define KVKEEP_TESTS_SERVICE_METRICS_TESTING_H_
+#ifndef KVKEEP_TESTS_TESTING_METRICS_TESTING_H_
+#define KVKEEP_TESTS_TESTING_METRICS_TESTING_H_
 
 #include <netdb.h>
 #include <sys/socket.h>
@@ -232,4 +232,4 @@ inline absl::Status DecodeWithQueries(const client::Session& session, int steps,
 
 }  // namespace kvkeep::metrics_testing
 
-#endif  // KVKEEP_TESTS_SERVICE_METRICS_TESTING_H_
+#endif  // KVKEEP_TESTS_TESTING_METRICS_TESTING_H_

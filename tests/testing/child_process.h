@@ -3,8 +3,8 @@
 // SIGKILLed and reaped when its handle is destroyed (and gets SIGKILL if the
 // test process dies first), so a failing test leaves nothing running.
 // Header-only.
-#ifndef KVKEEP_TESTS_SERVICE_CHILD_PROCESS_H_
-#define KVKEEP_TESTS_SERVICE_CHILD_PROCESS_H_
+#ifndef KVKEEP_TESTS_TESTING_CHILD_PROCESS_H_
+#define KVKEEP_TESTS_TESTING_CHILD_PROCESS_H_
 
 #include <fcntl.h>
 #include <sys/prctl.h>
@@ -224,4 +224,4 @@ inline std::string DescribeWaitStatus(int status) {
 
 }  // namespace kvkeep::child_process
 
-#endif  // KVKEEP_TESTS_SERVICE_CHILD_PROCESS_H_
+#endif  // KVKEEP_TESTS_TESTING_CHILD_PROCESS_H_

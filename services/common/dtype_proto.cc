@@ -1,0 +1,34 @@
+#include "services/common/dtype_proto.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace kvkeep {
+
+v1::DType DTypeToProto(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return v1::DTYPE_F32;
+    case DType::kF16:
+      return v1::DTYPE_F16;
+    case DType::kBF16:
+      return v1::DTYPE_BF16;
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+absl::StatusOr<DType> DTypeFromProto(v1::DType t) {
+  switch (t) {
+    case v1::DTYPE_F32:
+      return DType::kF32;
+    case v1::DTYPE_F16:
+      return DType::kF16;
+    case v1::DTYPE_BF16:
+      return DType::kBF16;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown dtype ", static_cast<int>(t)));
+  }
+}
+
+}  // namespace kvkeep
