@@ -1,0 +1,5 @@
+import sys
+
+from kvkeep.cli import main
+
+sys.exit(main())

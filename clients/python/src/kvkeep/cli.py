@@ -1,0 +1,112 @@
+"""python -m kvkeep: info | sessions | stats ID | close ID (the C++ CLI's
+read-and-close commands, same flags, exit status 0 / 1 refused or
+unreachable / 2 usage; --json prints the proto's field names)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import List, Optional
+
+from google.protobuf import json_format
+
+import kvkeep
+from kvkeep import _core
+
+
+def _json(msg) -> dict:
+    return json_format.MessageToDict(msg, preserving_proto_field_name=True,
+                                     always_print_fields_with_no_presence=True)
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kvkeep", description=__doc__)
+    ap.add_argument("--server", default="127.0.0.1:50051")
+    ap.add_argument("--token", default=os.environ.get("KVKEEP_TOKEN"))
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--tls", action="store_true", help="TLS with the system roots")
+    ap.add_argument("--tls_ca", help="PEM CA file; enables TLS")
+    ap.add_argument("--deadline", type=float, default=10.0, help="seconds per call")
+    ap.add_argument("--retries", type=int, default=2)
+    ap.add_argument("command", choices=["info", "sessions", "stats", "close"])
+    ap.add_argument("session", nargs="?")
+    args = ap.parse_args(argv)
+    if args.command in ("stats", "close") and not args.session:
+        ap.print_usage(sys.stderr)
+        print(f"python -m kvkeep: {args.command} needs a SESSION", file=sys.stderr)
+        return 2
+    tls = args.tls_ca or (True if args.tls else None)
+    client = kvkeep.Client(args.server, token=args.token, tls=tls,
+                           options=kvkeep.Options(deadline=args.deadline,
+                                                  retries=args.retries))
+    try:
+        if args.command == "info":
+            info = client.info()
+            if args.json:
+                print(json.dumps(_json(info), indent=2))
+                return 0
+            print(f"kvkeepd {info.version} at {args.server}, backend {info.backend}")
+            print(f"limits: {info.max_sessions} sessions, "
+                  f"{_mib(info.max_message_bytes)} per message")
+            print("policies:")
+            for p in info.policy_info:
+                inp = {1: "none", 2: "per-step", 3: "compress"}.get(p.input, "?")
+                print(f"  {p.name:<14} {p.summary}")
+                print(f"  {'':<14} input: {inp}; budget: {p.budget_rule}")
+                for param in p.params:
+                    print(f"  {'':<16} {_core.describe_param(param)}")
+            print()
+            print("LAYOUT  LAYERS  KV/Q HEADS  HEAD_DIM  DTYPE  PAGE_TOKENS  PAGES_USED  PAGES")
+            pools = {p.layout: p for p in info.pools}
+            for l in info.layouts:
+                pool = pools.get(l.name)
+                print(f"{l.name}  {l.num_layers}  {l.kv_heads}/{l.query_heads}  "
+                      f"{l.head_dim}  {_core.DTYPE_NAME.get(l.dtype, '?')}  "
+                      f"{l.page_tokens}  {pool.used_pages if pool else '-'}  "
+                      f"{pool.capacity_pages if pool else '-'}")
+        elif args.command == "sessions":
+            sessions = client.list()
+            if args.json:
+                print(json.dumps({"sessions": [_json(s) for s in sessions]}, indent=2))
+                return 0
+            print("SESSION  LAYOUT  POLICY  TENANT  RESIDENT  PAGES  BYTES  EVICTED")
+            for s in sessions:
+                print(f"{s.session_id}  {s.layout}  {s.policy}  {s.tenant or '-'}  "
+                      f"{s.resident_tokens}  {s.pages}  {_mib(s.resident_bytes)}  "
+                      f"{s.evicted_tokens}")
+        elif args.command == "stats":
+            s = client.stats(args.session)
+            if args.json:
+                print(json.dumps(_json(s), indent=2))
+                return 0
+            print(f"session {s.session_id}: layout {s.layout}, policy {s.policy}")
+            print(f"resident {s.resident_tokens} tokens in {s.pages} pages "
+                  f"({_mib(s.resident_bytes)}); evicted {s.evicted_tokens} tokens "
+                  f"(score {s.evicted_score:.1f}); {s.score_updates} score updates")
+            print("LAYER  RESIDENT  BUDGET  VERSION")
+            for i, (r, b, v) in enumerate(zip(s.layer_resident, s.layer_budget,
+                                              s.layer_version)):
+                print(f"{i}  {r}  {b}  {v}")
+        else:
+            freed = client.close(args.session)
+            if args.json:
+                print(json.dumps({"session_id": args.session, "closed": True,
+                                  "freed_pages": freed}))
+                return 0
+            print(f"closed {args.session}: freed "
+                  f"{'an unknown number of' if freed is None else freed} pages")
+    except kvkeep.KvKeepError as e:
+        print(f"python -m kvkeep: {args.command}: {e.code.name}: {e.message}",
+              file=sys.stderr)
+        if args.json:
+            print(json.dumps({"error": {"code": e.code.name, "message": e.message}}))
+        return 1
+    finally:
+        client.close_channel()
+    return 0

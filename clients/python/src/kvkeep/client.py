@@ -1,0 +1,554 @@
+"""The synchronous kvkeep client (``kvkeep.Client``).
+
+    import kvkeep, numpy as np
+    client = kvkeep.Client("127.0.0.1:50051")
+    with client.create_session("demo", "h2o", budget=512, recent=64) as s:
+        s.append_prefill(keys, values, positions)   # [layers][n][kv_heads][head_dim]
+        result = s.step((k, v, pos), scores=kvkeep.reduced(rows))
+        s.tables.positions(0)                        # which position is in which slot
+
+Thread-safety: a Client is thread-safe (each call is its own RPC). A Session,
+its DecodeStream and its mirror are driven by one thread at a time: the
+store applies one session's calls in arrival order, and the mirror follows
+them in that order.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any, Callable, Iterator, List, Optional, Sequence
+
+import grpc
+
+from kvkeep import _core
+from kvkeep._core import (BudgetArg, LayerKv, Options, Scores, SessionHandle, TlsArg,
+                          TokensArg)
+from kvkeep.errors import (AMBIGUOUS_CODES, FailedPrecondition, InvalidArgument,
+                           KvKeepError, Unavailable, error_for,
+                           from_rpc_error)
+from kvkeep.mirror import BlockTableMirror
+from kvkeep.pool import MappedPool
+from kvkeep.v1 import kvkeep_pb2 as pb
+from kvkeep.v1 import kvkeep_pb2_grpc as pb_grpc
+
+__all__ = ["Client", "Session", "DecodeStream"]
+
+
+class _Connection:
+    """Channel, stub, options and the cached ServerInfo of one client."""
+
+    def __init__(self, address: str, token: Optional[str], tls: TlsArg,
+                 options: Options):
+        self.address = address
+        self.options = options
+        self.metadata = _core.metadata(token)
+        creds = _core.channel_credentials(tls)
+        opts = _core.channel_options(options)
+        self.channel = (grpc.secure_channel(address, creds, opts) if creds
+                        else grpc.insecure_channel(address, opts))
+        self.stub = pb_grpc.KvKeepStub(self.channel)
+        self._info: Optional[pb.ServerInfo] = None
+        self._lock = threading.Lock()
+
+    def call(self, method: str, request: Any, *, retry: Optional[bool] = None,
+             on_attempt_error: Optional[Callable[[grpc.RpcError, int], Any]] = None,
+             stream: bool = False) -> Any:
+        """One RPC with the token, a deadline per attempt and the retry rule.
+
+        on_attempt_error(err, attempt) may return a value to end with (e.g.
+        CloseSession's NOT_FOUND after a lost attempt)."""
+        retry = method in _core.RETRIED if retry is None else retry
+        waits = self.options.waits() if retry else iter(())
+        fn = getattr(self.stub, method)
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                if stream:
+                    return list(fn(request, metadata=self.metadata,
+                                   timeout=self.options.deadline))
+                return fn(request, metadata=self.metadata, timeout=self.options.deadline)
+            except grpc.RpcError as e:
+                if on_attempt_error is not None:
+                    handled = on_attempt_error(e, attempt)
+                    if handled is not None:
+                        return handled
+                if e.code() == grpc.StatusCode.UNAVAILABLE:
+                    wait = next(waits, None)
+                    if wait is not None:
+                        time.sleep(wait)
+                        continue
+                    if attempt > 1:
+                        raise Unavailable(
+                            f"{method} to {self.address} failed after {attempt} "
+                            f"attempts: {e.details()}", method=method) from None
+                raise from_rpc_error(e, method) from None
+
+    def info(self, refresh: bool = False) -> pb.ServerInfo:
+        with self._lock:
+            if self._info is not None and not refresh:
+                return self._info
+        info = self.call("GetServerInfo", pb.GetServerInfoRequest())
+        with self._lock:
+            self._info = info
+        return info
+
+    def layout(self, name: str) -> pb.Layout:
+        layout = _core.find_layout(self.info(), name)
+        if layout is None:  # layouts do not change, but a new name may be new
+            info = self.info(refresh=True)
+            layout = _core.find_layout(info, name)
+            if layout is None:
+                raise _core.not_found_layout(name, info)
+        return layout
+
+
+class Client:
+    """A connection to one kvkeepd. Thread-safe; connects lazily.
+
+    address: host:port (or any gRPC target).
+    token: bearer token, for servers with tenants configured.
+    tls: None/False plaintext; True TLS with the system roots; bytes a PEM CA;
+      str the path of a PEM CA file.
+    options: deadlines and retries (:class:`kvkeep.Options`).
+    """
+
+    def __init__(self, address: str = "127.0.0.1:50051", token: Optional[str] = None,
+                 tls: TlsArg = None, options: Optional[Options] = None):
+        if not address:
+            raise InvalidArgument("Client: empty address", client_side=True)
+        self._c = _Connection(address, token, tls, options or Options())
+
+    @property
+    def address(self) -> str:
+        return self._c.address
+
+    def close_channel(self) -> None:
+        """Closes the channel (open sessions stay open on the server)."""
+        self._c.channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close_channel()
+
+    # -- server ----------------------------------------------------------------
+
+    def info(self, refresh: bool = True) -> pb.ServerInfo:
+        """GetServerInfo: layouts, pools, policies (with their parameters), limits."""
+        return self._c.info(refresh=refresh)
+
+    def policy(self, name: str) -> pb.PolicyInfo:
+        """What policy `name` takes and needs (ServerInfo.policy_info)."""
+        return _core.find_policy(self._c.info(), name)
+
+    def layout(self, name: str) -> pb.Layout:
+        return self._c.layout(name)
+
+    # -- sessions --------------------------------------------------------------
+
+    def create_session(self, layout: str, policy: str = "", budget: BudgetArg = None, *,
+                       idempotency_key: Optional[str] = None, **params: Any) -> "Session":
+        """Opens a session: use it as a context manager to close it at the end.
+
+        policy: a name from ServerInfo.policies ("" : the server's default).
+        budget: tokens per layer (int), one int per layer, or a Budget.
+        params: the policy's parameters (sinks=4, recent=64, ...), checked here
+          against what the server publishes for the policy; the server checks
+          the budget rule and any rule in words.
+        idempotency_key: a retried create with the same key returns the first
+          attempt's session (default: a fresh random key, so the create is
+          retried on UNAVAILABLE without ever making two sessions).
+        """
+        info = self._c.info()
+        lay = self._c.layout(layout)
+        pinfo = _core.find_policy(info, policy) if policy else None
+        checked = _core.check_policy_params(pinfo, params) if pinfo else \
+            {k: str(v) for k, v in params.items()}
+        req = pb.CreateSessionRequest(
+            layout=layout, policy=policy, policy_params=checked,
+            budget=_core.budget_proto(budget),
+            idempotency_key=idempotency_key or _core.new_id())
+        resp = self._c.call("CreateSession", req)
+        if pinfo is None:  # the server's default: learn it from the stats
+            stats = self.stats(resp.session_id)
+            pinfo = _core.find_policy(info, stats.policy)
+        handle = SessionHandle(
+            id=resp.session_id, layout=lay, policy=pinfo,
+            layer_budgets=list(resp.layer_budgets),
+            max_message_bytes=info.max_message_bytes,
+            tables=BlockTableMirror(lay.page_tokens, resp.layer_versions))
+        return Session(self._c, handle)
+
+    def open_session(self, session_id: str) -> "Session":
+        """A handle on an existing session (e.g. one a prefill worker made);
+        its mirror starts from the store's block tables."""
+        stats = self.stats(session_id)
+        info = self._c.info()
+        lay = self._c.layout(stats.layout)
+        tables = self._c.call("GetBlockTables",
+                              pb.GetBlockTablesRequest(session_id=session_id))
+        handle = SessionHandle(
+            id=session_id, layout=lay, policy=_core.find_policy(info, stats.policy),
+            layer_budgets=list(stats.layer_budget),
+            max_message_bytes=info.max_message_bytes,
+            tables=BlockTableMirror.from_tables(tables))
+        return Session(self._c, handle)
+
+    def stats(self, session_id: str) -> pb.SessionStats:
+        return self._c.call("GetSessionStats",
+                            pb.GetSessionStatsRequest(session_id=session_id))
+
+    def list(self) -> List[pb.SessionStats]:
+        """The caller's tenant's sessions (every session without tenants)."""
+        return list(self._c.call("ListSessions", pb.ListSessionsRequest()).sessions)
+
+    def close(self, session_id: str) -> Optional[int]:
+        """Closes a session; the pages it freed, or None when a retry found it
+        already closed by an attempt whose reply was lost."""
+        return _close(self._c, session_id)
+
+    def block_tables(self, session_id: str,
+                     layers: Sequence[int] = ()) -> pb.GetBlockTablesResponse:
+        return self._c.call("GetBlockTables", pb.GetBlockTablesRequest(
+            session_id=session_id, layers=list(layers)))
+
+    def transfer(self, session_id: str, target: str, *, target_token: str = "",
+                 transport: str = "", transfer_id: Optional[str] = None
+                 ) -> pb.TransferSessionResponse:
+        """Moves a session to the kvkeepd at `target` (TransferSession).
+
+        A transfer id is made when none is given, so a lost attempt is retried
+        safely (the target never makes a second copy of one transfer). Each
+        attempt has Options.deadline: raise it for large sessions."""
+        req = pb.TransferSessionRequest(
+            session_id=session_id, target=target, target_token=target_token,
+            transport=transport, transfer_id=transfer_id or _core.new_id())
+        return self._c.call("TransferSession", req)
+
+    def map_pool(self, layout: str = "", session_id: str = "") -> MappedPool:
+        """Maps a layout's host pool (shared memory) read-only into numpy.
+
+        kvkeepd must run with --share_pools (FailedPrecondition otherwise).
+        With session_id the reply also carries that session's block tables."""
+        resp = self._c.call("MapPool", pb.MapPoolRequest(layout=layout,
+                                                         session_id=session_id))
+        return MappedPool(resp)
+
+
+def _close(c: _Connection, session_id: str) -> Optional[int]:
+    lost = []
+
+    def on_error(e: grpc.RpcError, attempt: int) -> Any:
+        if e.code() == grpc.StatusCode.UNAVAILABLE:
+            lost.append(attempt)
+        if attempt > 1 and lost and e.code() == grpc.StatusCode.NOT_FOUND:
+            return _UNKNOWN
+        return None
+
+    resp = c.call("CloseSession", pb.CloseSessionRequest(session_id=session_id),
+                  on_attempt_error=on_error)
+    return None if resp is _UNKNOWN else resp.freed_pages
+
+
+_UNKNOWN = object()
+
+
+class Session:
+    """One open session. A context manager: leaving the block closes it.
+
+    Attributes:
+      id, layout (proto Layout), policy (proto PolicyInfo), layer_budgets.
+      tables: the BlockTableMirror, updated by every call made through this
+        object; `tables.positions(l)` is the original position in each slot
+        of layer l, `tables.version(l)` the version to compute attention at.
+    """
+
+    def __init__(self, conn: _Connection, handle: SessionHandle):
+        self._c = conn
+        self._h = handle
+        self._stream: Optional[DecodeStream] = None
+
+    # -- what it is ------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        return self._h.id
+
+    @property
+    def layout(self) -> pb.Layout:
+        return self._h.layout
+
+    @property
+    def policy(self) -> Optional[pb.PolicyInfo]:
+        return self._h.policy
+
+    @property
+    def layer_budgets(self) -> List[int]:
+        return list(self._h.layer_budgets)
+
+    @property
+    def tables(self) -> BlockTableMirror:
+        return self._h.tables
+
+    @property
+    def in_sync(self) -> bool:
+        """False after a call whose outcome is unknown: call resync()."""
+        return self._h.in_sync
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self._h.closed:
+            try:
+                self.close()
+            except KvKeepError:
+                if exc[0] is None:
+                    raise
+
+    def __repr__(self) -> str:
+        return f"Session({self.id}, layout={self.layout.name}, " \
+               f"policy={self.policy.name if self.policy else '?'})"
+
+    # -- changing it -----------------------------------------------------------
+
+    def _mutating(self, method: str, fn: Callable[[], Any]) -> Any:
+        _core.check_step(self._h, None, None)
+        try:
+            return fn()
+        except KvKeepError as e:
+            if e.code in AMBIGUOUS_CODES and not e.client_side:
+                self._h.in_sync = False
+            raise
+
+    def append(self, keys: Any, values: Any, positions: Any) -> pb.StepResult:
+        """Appends tokens in one message (typically one decode token).
+
+        keys, values: [num_layers][n][kv_heads][head_dim] of the layout's dtype;
+        positions: n strictly increasing original positions."""
+        packed = _core.pack_tokens(self.layout, (keys, values, positions))
+        req = packed.to_proto(pb.AppendRequest(session_id=self.id))
+        result = self._mutating("Append", lambda: self._c.call("Append", req))
+        self.tables.apply(result, packed.positions)
+        return result
+
+    def append_prefill(self, keys: Any, values: Any, positions: Any, *,
+                       max_chunk_tokens: int = 0) -> List[pb.StepResult]:
+        """Appends a prompt of any length on one AppendPrefill stream, cut
+        into chunks under the server's message limit; one result per chunk."""
+        packed = _core.pack_tokens(self.layout, (keys, values, positions))
+        ranges = _core.chunk_tokens(self.layout, packed, self._h.max_message_bytes,
+                                    max_chunk_tokens)
+
+        def requests() -> Iterator[pb.AppendRequest]:
+            for i, (a, b) in enumerate(ranges):
+                yield packed.to_proto(pb.AppendRequest(session_id=self.id if i == 0 else ""),
+                                      a, b)
+
+        def send() -> pb.AppendPrefillResponse:
+            try:
+                return self._c.stub.AppendPrefill(
+                    requests(), metadata=self._c.metadata,
+                    timeout=self._c.options.stream_deadline)
+            except grpc.RpcError as e:
+                raise from_rpc_error(e, "AppendPrefill") from None
+
+        resp = self._mutating("AppendPrefill", send)
+        if len(resp.chunks) != len(ranges):
+            self._h.in_sync = False
+            raise error_for(grpc.StatusCode.INTERNAL,
+                            f"AppendPrefill answered {len(resp.chunks)} chunks for "
+                            f"{len(ranges)}", method="AppendPrefill")
+        for (a, b), chunk in zip(ranges, resp.chunks):
+            self.tables.apply(chunk, packed.positions[a:b])
+        return list(resp.chunks)
+
+    def decode(self, *, reopen: bool = False) -> "DecodeStream":
+        """A Decode stream (one write and one read per step). With reopen, a
+        step after a failed one opens a new stream instead of raising."""
+        return DecodeStream(self, reopen=reopen)
+
+    def step(self, token: Optional[TokensArg] = None, scores: Optional[Scores] = None
+             ) -> pb.DecodeStepResult:
+        """One decode step on the session's own stream (opened on first use,
+        reopened after an error): the token (keys, values, positions) is
+        appended first, then `scores` (kvkeep.reduced/per_head/queries)
+        apply, at the versions the mirror holds before the append."""
+        if self._stream is None:
+            self._stream = DecodeStream(self, reopen=True)
+        return self._stream.step(token, scores)
+
+    def score(self, scores: Scores) -> pb.DecodeStepResult:
+        """A score-only step (no new token)."""
+        return self.step(None, scores)
+
+    def compress(self, scores: Scores, *, causal: bool = True) -> pb.StepResult:
+        """SnapKV's one-shot compression: the observation window's attention,
+        per layer `rows` = the policy's window. With causal (default), what
+        each window row cannot see (later slots) is zeroed here."""
+        _core.check_step(self._h, None, None)
+        if causal:
+            scores = _core.causal_window(scores, self.tables)
+        window = _core.scores_to_proto(scores, self.layout, self.policy, self.tables,
+                                       compress=True)
+        req = pb.CompressPromptRequest(session_id=self.id, window=window)
+        result = self._mutating("CompressPrompt",
+                                lambda: self._c.call("CompressPrompt", req))
+        self.tables.apply(result)
+        return result
+
+    def resync(self) -> BlockTableMirror:
+        """Rebuilds the mirror from GetBlockTables (after an unknown outcome)."""
+        tables = self._c.call("GetBlockTables", pb.GetBlockTablesRequest(session_id=self.id))
+        self._h.tables = BlockTableMirror.from_tables(tables)
+        self._h.in_sync = True
+        return self._h.tables
+
+    def close(self) -> Optional[int]:
+        """Closes the session (and its stream); the pages it freed (None when
+        unknown: a lost attempt closed it)."""
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+        freed = _close(self._c, self.id)
+        self._h.closed = True
+        return freed
+
+    # -- reading it ------------------------------------------------------------
+
+    def block_tables(self, layers: Sequence[int] = ()) -> pb.GetBlockTablesResponse:
+        return self._c.call("GetBlockTables", pb.GetBlockTablesRequest(
+            session_id=self.id, layers=list(layers)))
+
+    def read_kv(self, layers: Sequence[int] = ()) -> List[LayerKv]:
+        """The resident keys and values of `layers` (default all), slot order."""
+        chunks = self._c.call("ReadKv", pb.ReadKvRequest(session_id=self.id,
+                                                         layers=list(layers)),
+                              stream=True)
+        return _core.assemble_kv(self.layout, chunks, list(layers))
+
+    def stats(self) -> pb.SessionStats:
+        return self._c.call("GetSessionStats", pb.GetSessionStatsRequest(session_id=self.id))
+
+    def map_pool(self) -> MappedPool:
+        """Maps this session's layout's pool; `.tables` has its block tables."""
+        resp = self._c.call("MapPool", pb.MapPoolRequest(session_id=self.id))
+        return MappedPool(resp)
+
+
+class DecodeStream:
+    """A Decode stream of one session: step() is one write and one read.
+
+    A failed step changed nothing on the server when the server refused it
+    (the exception's class says why); the stream then ends. Without reopen,
+    later steps raise FailedPrecondition; with reopen, the next step opens a
+    new stream. When the outcome is unknown (the connection broke: the
+    exception is Unavailable or another ambiguous code), the session's
+    mirror is marked out of sync and steps raise OutOfSync until
+    Session.resync(). A context manager: leaving it half-closes the stream.
+    """
+
+    _END = object()
+
+    def __init__(self, session: Session, *, reopen: bool = False):
+        self._s = session
+        self.reopen = reopen
+        self._queue: Optional["queue.Queue[Any]"] = None
+        self._call: Any = None
+        self._ended: Optional[KvKeepError] = None
+        self._finished = False
+
+    def __enter__(self) -> "DecodeStream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _open(self) -> None:
+        q: "queue.Queue[Any]" = queue.Queue()
+        END = self._END
+
+        def requests() -> Iterator[pb.DecodeStep]:
+            while True:
+                item = q.get()
+                if item is END:
+                    return
+                yield item
+
+        c = self._s._c
+        self._queue = q
+        self._call = c.stub.Decode(requests(), metadata=c.metadata,
+                                   timeout=c.options.stream_deadline)
+        self._first = True
+        self._ended = None
+
+    def _end(self, cancel: bool) -> None:
+        if self._queue is not None:
+            self._queue.put(self._END)
+        if cancel and self._call is not None:
+            self._call.cancel()
+        self._queue = None
+        self._call = None
+
+    def step(self, token: Optional[TokensArg] = None, scores: Optional[Scores] = None
+             ) -> pb.DecodeStepResult:
+        """One step: `token` (keys, values, positions; or None) is appended
+        first, then `scores` apply at the mirror's versions before the append.
+        Returns the DecodeStepResult, already applied to session.tables."""
+        h = self._s._h
+        if self._ended is not None and not self.reopen:
+            raise FailedPrecondition(
+                f"the decode stream of session {h.id} has ended ({self._ended}); "
+                "open another (or decode(reopen=True))", client_side=True)
+        if self._finished:
+            raise FailedPrecondition(f"the decode stream of session {h.id} is closed",
+                                     client_side=True)
+        packed = _core.pack_tokens(h.layout, token) if token is not None else None
+        _core.check_step(h, packed, scores)
+        req = pb.DecodeStep()
+        if packed is not None:
+            packed.to_proto(req.append)
+        if scores is not None:
+            req.scores.extend(_core.scores_to_proto(
+                scores, h.layout, h.policy, h.tables,
+                appended=packed.n if packed is not None else 0))
+        if self._call is None:
+            self._open()
+        if self._first:
+            req.session_id = h.id
+            self._first = False
+        assert self._queue is not None
+        self._queue.put(req)
+        try:
+            result = next(self._call)
+        except StopIteration:
+            err = error_for(grpc.StatusCode.INTERNAL,
+                            f"the server ended the decode stream of session {h.id} "
+                            "without answering a step", method="Decode")
+            return self._fail(err)
+        except grpc.RpcError as e:
+            return self._fail(from_rpc_error(e, "Decode"))
+        h.tables.apply_decode(result, packed.positions if packed is not None else ())
+        return result
+
+    def _fail(self, err: KvKeepError) -> Any:
+        if err.code in AMBIGUOUS_CODES:
+            self._s._h.in_sync = False
+        self._ended = err
+        self._end(cancel=True)
+        raise err
+
+    def close(self) -> None:
+        """Half-closes the stream and waits for its end. Idempotent."""
+        if self._call is not None:
+            call = self._call
+            self._end(cancel=False)
+            try:
+                for _ in call:
+                    pass
+            except grpc.RpcError:
+                pass
+        self._finished = True

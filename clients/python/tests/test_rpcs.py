@@ -1,0 +1,261 @@
+"""Every RPC of kvkeep.v1 through the client, against a real kvkeepd."""
+
+from __future__ import annotations
+
+
+import numpy as np
+import pytest
+
+import kvkeep
+from kvkeep import pb
+
+from conftest import LAYOUTS, MAX_MESSAGE_BYTES
+from helpers import (assert_mirror_equals_store, query_rows, random_kv, reduced_rows,
+                     per_head_rows)
+
+
+def test_server_info(client):
+    info = client.info()
+    assert [l.name for l in info.layouts] == [l["name"] for l in LAYOUTS]
+    f32 = info.layouts[0]
+    assert (f32.num_layers, f32.kv_heads, f32.query_heads, f32.head_dim,
+            f32.page_tokens, f32.dtype) == (2, 2, 4, 8, 4, pb.DTYPE_F32)
+    assert f32.page_bytes == 2 * 4 * 2 * 8 * 4
+    assert info.max_message_bytes == MAX_MESSAGE_BYTES
+    assert list(info.policies) == [p.name for p in info.policy_info]
+    h2o = client.policy("h2o")
+    assert h2o.input == pb.PolicyInfo.INPUT_PER_STEP
+    assert {"sinks", "recent", "slack"} <= {p.name for p in h2o.params}
+    assert client.policy("snapkv").input == pb.PolicyInfo.INPUT_COMPRESS
+    assert client.policy("window").input == pb.PolicyInfo.INPUT_NONE
+
+
+def test_session_lifecycle_stats_list_close(client):
+    s = client.create_session("t_f32", "h2o", budget=12, sinks=2, recent=4)
+    assert s.layer_budgets == [12, 12]
+    assert s.id in [x.session_id for x in client.list()]
+    st = client.stats(s.id)
+    assert (st.layout, st.policy, st.resident_tokens, st.pages) == ("t_f32", "h2o", 0, 0)
+    rng = np.random.default_rng(0)
+    k, v = random_kv(rng, s.layout, 9)
+    s.append(k, v, np.arange(9))
+    st = s.stats()
+    assert st.resident_tokens == 18 and st.pages == 2 * 3
+    assert list(st.layer_resident) == [9, 9]
+    assert s.close() == 6
+    assert s.id not in [x.session_id for x in client.list()]
+    with pytest.raises(kvkeep.NotFound) as e:
+        client.stats(s.id)
+    assert s.id in e.value.message
+
+
+def test_context_manager_closes(client):
+    with client.create_session("t_f32", "window", budget=8) as s:
+        sid = s.id
+    with pytest.raises(kvkeep.NotFound):
+        client.stats(sid)
+
+
+def test_prefill_chunks_decode_readkv(client):
+    rng = np.random.default_rng(1)
+    lay = client.layout("t_f32")
+    with client.create_session("t_f32", "h2o", budget=24, sinks=2, recent=4) as s:
+        n = 150  # 256 bytes a token: several 16 KiB messages
+        k, v = random_kv(rng, lay, n)
+        chunks = s.append_prefill(k, v, np.arange(n))
+        assert len(chunks) > 1
+        # h2o evicts on scores: each chunk after the first first settles the
+        # layer to its budget, so the last chunk's tokens are over it.
+        resident = s.tables.resident(0)
+        assert 24 < resident < n
+        assert_mirror_equals_store(s)
+        # The prompt's own attention brings it down to the budget.
+        res = s.score(kvkeep.reduced([reduced_rows(rng, lay, resident)[0] for _ in range(2)]))
+        assert s.tables.resident(0) == 24
+        assert len(res.scores.layers[0].evicted_positions) == resident - 24
+        sent = {p: (k[:, p], v[:, p]) for p in range(n)}
+        with s.decode() as stream:
+            for pos in range(n, n + 30):
+                tk, tv = random_kv(rng, lay, 1)
+                sent[pos] = (tk[:, 0], tv[:, 0])
+                scores = [reduced_rows(rng, lay, s.tables.resident(l) + 1) for l in range(2)]
+                r = stream.step((tk, tv, [pos]), kvkeep.reduced(scores))
+                assert r.append.layers[0].resident == 25
+                assert r.scores.layers[0].resident == 24
+        assert_mirror_equals_store(s)
+        for layer in s.read_kv():
+            assert list(layer.positions) == list(s.tables.positions(layer.layer))
+            assert layer.version == s.tables.version(layer.layer)
+            for slot, p in enumerate(layer.positions):
+                assert layer.keys[slot].tobytes() == sent[p][0][layer.layer].tobytes()
+                assert layer.values[slot].tobytes() == sent[p][1][layer.layer].tobytes()
+        one = s.read_kv([1])
+        assert [x.layer for x in one] == [1]
+        bt = s.block_tables([1])
+        assert [t.layer for t in bt.tables] == [1]
+
+
+@pytest.mark.parametrize("form", ["per_head", "queries"])
+def test_score_forms(client, form):
+    rng = np.random.default_rng(2)
+    lay = client.layout("t_f32")
+    with client.create_session("t_f32", "h2o", budget=10, recent=2) as s:
+        k, v = random_kv(rng, lay, 12)
+        s.append_prefill(k, v, np.arange(12))
+        for pos in range(12, 40):
+            tk, tv = random_kv(rng, lay, 1)
+            def make():
+                if form == "per_head":
+                    return kvkeep.per_head({l: per_head_rows(rng, lay, s.tables.resident(l) + 1)[:, 0]
+                                            for l in range(2)})
+                return kvkeep.queries({l: query_rows(rng, lay)[0] for l in range(2)})
+            sc = make()
+            if pos == 12:  # the prompt is over budget: score it alone first
+                with pytest.raises(kvkeep.FailedPrecondition) as e:
+                    s.step((tk, tv, pos), sc)
+                assert e.value.client_side and "over budget" in e.value.message
+                s.score(kvkeep.queries({l: query_rows(rng, lay)[0] for l in range(2)}))
+                sc = make()
+            s.step((tk, tv, pos), sc)
+            assert s.tables.resident(0) == 10
+        assert_mirror_equals_store(s)
+
+
+def test_subset_of_layers_and_multirow(client):
+    rng = np.random.default_rng(3)
+    lay = client.layout("t_f32")
+    with client.create_session("t_f32", "tova", budget=8) as s:
+        k, v = random_kv(rng, lay, 6)
+        s.append_prefill(k, v, np.arange(6))
+        # 3 rows (a prefill chunk's queries), layer 1 only.
+        r = s.score(kvkeep.reduced({1: reduced_rows(rng, lay, 6, rows=3)}))
+        assert len(r.scores.layers) == 2
+        k, v = random_kv(rng, lay, 5)
+        s.append(k, v, np.arange(6, 11))
+        r = s.score(kvkeep.reduced({0: reduced_rows(rng, lay, 11)[0]}))
+        assert s.tables.resident(0) == 8 and s.tables.resident(1) == 11
+        assert_mirror_equals_store(s)
+
+
+def test_compress_snapkv(client):
+    rng = np.random.default_rng(4)
+    lay = client.layout("t_f32")
+    window = 4
+    with client.create_session("t_f32", "snapkv", budget=10, window=window,
+                               kernel=3, pooling="maxpool") as s:
+        k, v = random_kv(rng, lay, 30)
+        s.append_prefill(k, v, np.arange(30))
+        # Probabilities over every slot, future ones included: the client
+        # zeroes what each window row cannot see.
+        rows = [reduced_rows(rng, lay, 30, rows=window) for _ in range(2)]
+        r = s.compress(kvkeep.reduced(rows))
+        assert [c.resident for c in r.layers] == [10, 10]
+        kept = set(s.tables.positions(0).tolist())
+        assert set(range(26, 30)) <= kept  # the observation window stays
+        # What snapkv keeps is the top pooled causal attention: recompute it.
+        a = rows[0].copy()
+        for i in range(window):
+            a[i, 30 - window + i + 1:] = 0
+        score = a.sum(axis=0)[:26]
+        padded = np.concatenate([[-np.inf], score, [-np.inf]])
+        pooled = np.max(np.stack([padded[j:j + 26] for j in range(3)]), axis=0)
+        top = set(np.argsort(-pooled, kind="stable")[:6].tolist())
+        assert kept - set(range(26, 30)) == top
+        with pytest.raises(kvkeep.FailedPrecondition):
+            s.step(random_kv(rng, lay, 1) + ([30],), kvkeep.reduced(
+                [reduced_rows(rng, lay, 11)[0]] * 2))
+        s.step(random_kv(rng, lay, 1) + ([30],))  # decode sends no scores
+        assert_mirror_equals_store(s)
+
+
+def test_open_session_second_handle(client):
+    rng = np.random.default_rng(5)
+    lay = client.layout("t_f16")
+    with client.create_session("t_f16", "streaming_llm", budget=8, sinks=2) as s:
+        k, v = random_kv(rng, lay, 20)
+        s.append_prefill(k, v, np.arange(20))
+        other = client.open_session(s.id)
+        assert other.tables.diff(s.block_tables()) is None
+        assert other.policy.name == "streaming_llm"
+        assert list(other.tables.positions(0)) == list(s.tables.positions(0))
+        assert sorted(other.tables.positions(0)) == [0, 1] + list(range(14, 20))
+
+
+def test_map_pool_reads_pages_in_place(client):
+    rng = np.random.default_rng(6)
+    lay = client.layout("t_bf16")
+    with client.create_session("t_bf16", "h2o", budget=12, sinks=1, recent=3) as s:
+        sent = {}
+        k, v = random_kv(rng, lay, 20)
+        s.append_prefill(k, v, np.arange(20))
+        for p in range(20):
+            sent[p] = (k[:, p], v[:, p])
+        s.score(kvkeep.reduced([reduced_rows(rng, lay, 20)[0]] * 2))
+        with s.map_pool() as pool:
+            assert pool.device == "host"
+            assert pool.pages.dtype == np.uint16
+            assert [t.layer for t in pool.tables] == [0, 1]
+            for l in range(2):
+                keys, values = pool.gather((s.tables.pages(l), s.tables.resident(l)))
+                for slot, p in enumerate(s.tables.positions(l)):
+                    assert keys[slot].tobytes() == sent[p][0][l].tobytes()
+                    assert values[slot].tobytes() == sent[p][1][l].tobytes()
+                kk, vv = pool.slot(pool.tables[l], 3)
+                assert kk.tobytes() == sent[pool.tables[l].positions[3]][0][l].tobytes()
+            del keys, values, kk, vv
+        by_layout = client.map_pool("t_bf16")
+        assert by_layout.capacity_pages == 16384 and not by_layout.tables
+        by_layout.close()
+
+
+def test_map_pool_needs_sharing(make_server):
+    srv = make_server(extra=["--share_pools=false"])
+    c = kvkeep.Client(srv.address)
+    with pytest.raises(kvkeep.FailedPrecondition):
+        c.map_pool("t_f32")
+    with pytest.raises(kvkeep.NotFound):
+        kvkeep.Client(srv.address).map_pool("nope")
+
+
+def test_transfer_between_two_servers(client, make_server):
+    rng = np.random.default_rng(7)
+    target = make_server()
+    lay = client.layout("t_f32")
+    s = client.create_session("t_f32", "h2o", budget=16, sinks=2, recent=4)
+    k, v = random_kv(rng, lay, 30)
+    s.append_prefill(k, v, np.arange(30))
+    s.score(kvkeep.reduced([reduced_rows(rng, lay, 30)[0]] * 2))
+    before = s.read_kv()
+    tables = s.block_tables()
+    for transport in ["host"]:
+        r = client.transfer(s.id, target.address, transport=transport)
+        assert r.session_id == s.id and r.transport == transport
+        assert r.bytes == sum(x.keys.nbytes + x.values.nbytes for x in before)
+    with pytest.raises(kvkeep.NotFound):
+        client.stats(s.id)
+    tc = kvkeep.Client(target.address)
+    moved = tc.open_session(s.id)
+    # Same slots, positions and versions; the pages are the target's own.
+    for t in tables.tables:
+        assert list(moved.tables.positions(t.layer)) == list(t.positions)
+        assert moved.tables.version(t.layer) == t.version
+    after = moved.read_kv()
+    for a, b in zip(before, after):
+        assert a.keys.tobytes() == b.keys.tobytes() and a.values.tobytes() == b.values.tobytes()
+    # It decodes on the target as it would have here.
+    tk, tv = random_kv(rng, lay, 1)
+    moved.step((tk, tv, 30), kvkeep.reduced([reduced_rows(rng, lay, 17)[0]] * 2))
+    assert_mirror_equals_store(moved)
+    assert moved.close() > 0
+
+
+def test_tcp_transfer_and_retry_id(client, make_server):
+    rng = np.random.default_rng(8)
+    target = make_server()
+    lay = client.layout("t_f16")
+    s = client.create_session("t_f16", "full")
+    k, v = random_kv(rng, lay, 10)
+    s.append(k, v, np.arange(10))
+    r = client.transfer(s.id, target.address, transport="tcp", transfer_id="py-xfer-1")
+    assert (r.transport, r.transfer_id) == ("tcp", "py-xfer-1")
+    assert kvkeep.Client(target.address).stats(s.id).resident_tokens == 20
