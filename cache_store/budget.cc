@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "cache_store/quote.h"
 
 namespace kvkeep {
 
@@ -26,8 +27,8 @@ absl::StatusOr<std::vector<int64_t>> LayerBudgets(const BudgetSpec& spec,
   }
   if (spec.schedule != "pyramid") {
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown budget schedule '", spec.schedule,
-                     "' (expected uniform or pyramid)"));
+        absl::StrCat("unknown budget schedule ", Quote(spec.schedule),
+                     " (expected uniform or pyramid)"));
   }
   if (!(spec.pyramid_beta >= 1.0) || !std::isfinite(spec.pyramid_beta)) {
     return absl::InvalidArgumentError(

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "cache_store/budget.h"
 #include "cache_store/policy_registry.h"
+#include "cache_store/quote.h"
 
 namespace kvkeep {
 
@@ -59,7 +60,7 @@ absl::StatusOr<const CacheStore::Pool*> CacheStore::FindPool(
   for (const Pool& p : pools_) {
     if (p.layout.name == layout) return &p;
   }
-  return absl::NotFoundError(absl::StrCat("unknown layout '", layout, "'"));
+  return absl::NotFoundError(absl::StrCat("unknown layout ", Quote(layout)));
 }
 
 absl::StatusOr<PageMemory*> CacheStore::MemoryOf(

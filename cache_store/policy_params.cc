@@ -3,6 +3,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "cache_store/quote.h"
 
 namespace kvkeep {
 
@@ -25,7 +26,7 @@ int64_t ParamReader::Int(absl::string_view key, int64_t def, int64_t lo,
   if (text == nullptr) return def;
   int64_t v;
   if (!absl::SimpleAtoi(*text, &v)) {
-    Fail(absl::StrCat(key, " = '", *text, "' is not an integer"));
+    Fail(absl::StrCat(key, " = ", Quote(*text), " is not an integer"));
     return def;
   }
   if (v < lo || v > hi) {
@@ -41,8 +42,8 @@ double ParamReader::Double(absl::string_view key, double def, double lo,
   if (text == nullptr) return def;
   double v;
   if (!absl::SimpleAtod(*text, &v) || !(v >= lo && v <= hi)) {
-    Fail(absl::StrCat(key, " = '", *text, "' is not a number in [", lo, ", ",
-                      hi, "]"));
+    Fail(absl::StrCat(key, " = ", Quote(*text), " is not a number in [", lo,
+                      ", ", hi, "]"));
     return def;
   }
   return v;
@@ -56,7 +57,7 @@ std::string ParamReader::Choice(
   for (absl::string_view c : choices) {
     if (*text == c) return *text;
   }
-  Fail(absl::StrCat(key, " = '", *text, "' is not one of ",
+  Fail(absl::StrCat(key, " = ", Quote(*text), " is not one of ",
                     absl::StrJoin(choices, ", ")));
   return std::string(def);
 }
@@ -102,7 +103,7 @@ std::string ParamReader::Choice(absl::string_view key) {
   for (absl::string_view c : p->choices) {
     if (*text == c) return *text;
   }
-  Fail(absl::StrCat(key, " = '", *text, "' is not one of ",
+  Fail(absl::StrCat(key, " = ", Quote(*text), " is not one of ",
                     absl::StrJoin(p->choices, ", ")));
   return std::string(p->default_text);
 }
@@ -122,7 +123,7 @@ absl::Status ParamReader::Finish() const {
   for (const auto& [key, value] : spec_.params) {
     if (!used_.contains(key)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "policy '", spec_.name, "' has no parameter '", key, "'; ",
+          "policy '", spec_.name, "' has no parameter ", Quote(key), "; ",
           used_.empty()
               ? std::string("it takes none")
               : absl::StrCat("it takes: ", absl::StrJoin(used_, ", "))));

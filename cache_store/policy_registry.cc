@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "cache_store/quote.h"
 
 namespace kvkeep {
 namespace {
@@ -138,8 +139,8 @@ absl::StatusOr<PolicyPtr> NewPolicy(const PolicySpec& spec) {
   const PolicyInfo* info = FindPolicy(spec.name);
   if (info == nullptr) {
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown policy '", spec.name,
-                     "'; known: ", absl::StrJoin(PolicyNames(), ", ")));
+        absl::StrCat("unknown policy ", Quote(spec.name),
+                     "; known: ", absl::StrJoin(PolicyNames(), ", ")));
   }
   ParamReader params(spec, info->params);
   PolicyPtr policy = info->factory(params);

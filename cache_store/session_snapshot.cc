@@ -1,6 +1,7 @@
 #include "cache_store/session_snapshot.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -19,6 +20,14 @@ absl::Status ValidateSnapshot(const SessionSnapshot& snapshot,
         absl::StrCat("session snapshot ", SessionName(snapshot.id), " has ",
                      snapshot.layers.size(), " layers; layout '", layout.name,
                      "' has ", layout.num_layers));
+  }
+  const SessionWork& w = snapshot.work;
+  if (w.evicted_tokens < 0 || w.score_updates < 0 || w.evictions < 0 ||
+      !std::isfinite(w.evicted_score) || w.evicted_score < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session snapshot ", SessionName(snapshot.id),
+        ": its work so far is not valid (counts are not negative; the ",
+        "evicted score, ", w.evicted_score, ", is finite and not negative)"));
   }
   const int64_t token_bytes = layout.page_layout().token_bytes();
   for (size_t l = 0; l < snapshot.layers.size(); ++l) {
@@ -56,6 +65,13 @@ absl::Status ValidateSnapshot(const SessionSnapshot& snapshot,
           !arrivals.insert(s.arrival[i]).second) {
         return bad(l, absl::StrCat("arrival ", s.arrival[i],
                                    " is repeated or out of range"));
+      }
+      // Scores are sums of attention: what live input may give (finite,
+      // not negative) is all an import may hold, or a later eviction would
+      // sort NaN (the selection kernels' contract forbids it).
+      if (!std::isfinite(s.score[i]) || s.score[i] < 0.0f) {
+        return bad(l, absl::StrCat("slot ", i, " has score ", s.score[i],
+                                   " (scores are finite and not negative)"));
       }
     }
   }

@@ -56,7 +56,8 @@ struct SessionSnapshot {
 // internally consistent for `layout`: one layer each; per layer equal slot
 // counts, history either empty or per slot, keys and values exactly resident
 // tokens of the layout; distinct positions no greater than last_position;
-// distinct arrivals below `appended`; a version of at least 1.
+// distinct arrivals below `appended`; a version of at least 1; scores finite
+// and not negative; the work so far (counts and evicted score) likewise.
 // With `bytes_follow`, every layer's keys and values must be empty instead
 // (the bytes are written later: CacheStore::PrepareImport).
 absl::Status ValidateSnapshot(const SessionSnapshot& snapshot,

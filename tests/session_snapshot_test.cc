@@ -10,6 +10,8 @@
 #include "cache_store/session_snapshot.h"
 
 #include <cstdint>
+#include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <random>
@@ -282,6 +284,29 @@ TEST(SnapshotImportTest, RefusedImportsHoldNothing) {
       {"policy", [](SessionSnapshot& s) { s.policy.name = "h3o"; },
        absl::StatusCode::kInvalidArgument},
       {"id", [](SessionSnapshot& s) { s.id = 0; },
+       absl::StatusCode::kInvalidArgument},
+      // Scores as live input may give them, no others: a NaN would later
+      // be sorted by an eviction.
+      {"NaN score",
+       [](SessionSnapshot& s) {
+         s.layers[1].score[2] = std::numeric_limits<float>::quiet_NaN();
+       },
+       absl::StatusCode::kInvalidArgument},
+      {"infinite score",
+       [](SessionSnapshot& s) {
+         s.layers[0].score[0] = std::numeric_limits<float>::infinity();
+       },
+       absl::StatusCode::kInvalidArgument},
+      {"negative score",
+       [](SessionSnapshot& s) { s.layers[2].score[3] = -0.5f; },
+       absl::StatusCode::kInvalidArgument},
+      {"NaN evicted score",
+       [](SessionSnapshot& s) {
+         s.work.evicted_score = std::numeric_limits<double>::quiet_NaN();
+       },
+       absl::StatusCode::kInvalidArgument},
+      {"negative count",
+       [](SessionSnapshot& s) { s.work.evicted_tokens = -1; },
        absl::StatusCode::kInvalidArgument},
   };
   for (const Bad& c : bad) {

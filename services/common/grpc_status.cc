@@ -1,13 +1,22 @@
 #include "services/common/grpc_status.h"
 
 #include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
 
 namespace kvkeep {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
+  absl::string_view message = status.message();
+  std::string text(message.substr(0, kMaxStatusMessageBytes));
+  if (message.size() > kMaxStatusMessageBytes) {
+    absl::StrAppend(&text, "... (", message.size() - kMaxStatusMessageBytes,
+                    " more bytes)");
+  }
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
+                      std::move(text));
 }
 
 absl::Status FromGrpcStatus(const grpc::Status& status) {

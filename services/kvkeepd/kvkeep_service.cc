@@ -9,12 +9,14 @@
 #include <utility>
 
 #include "absl/random/random.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cache_store/policy_registry.h"
+#include "cache_store/quote.h"
 #include "services/common/convert.h"
 #include "services/common/grpc_status.h"
 #include "services/transfer/session_receiver.h"
@@ -28,7 +30,13 @@ namespace {
 
 constexpr absl::string_view kBearer = "Bearer ";
 
-std::string Quote(absl::string_view s) { return absl::StrCat("\"", s, "\""); }
+// A value in a logfmt line: double-quoted, C-escaped (a client cannot end
+// the line or forge a field), at most 512 bytes of it.
+std::string LogValue(absl::string_view s) {
+  constexpr size_t kMax = 512;
+  return absl::StrCat("\"", absl::CHexEscape(s.substr(0, kMax)),
+                      s.size() > kMax ? "..." : "", "\"");
+}
 
 }  // namespace
 
@@ -121,7 +129,7 @@ grpc::Status KvKeepService::Finish(absl::string_view method,
   if (!status.ok()) {
     LogEvent("error", absl::StrCat("method=", method, " code=",
                                    absl::StatusCodeToString(status.code()),
-                                   " message=", Quote(status.message())));
+                                   " message=", LogValue(status.message())));
   }
   return ToGrpcStatus(status);
 }
@@ -187,10 +195,10 @@ grpc::ServerUnaryReactor* KvKeepService::CreateSession(
                                        stats->layer_budget.end());
     resp->mutable_layer_versions()->Add(stats->layer_version.begin(),
                                         stats->layer_version.end());
-    LogEvent(
-        "session_create",
-        absl::StrCat("session=", SessionName(*id), " tenant=", Quote(*tenant),
-                     " layout=", spec.layout, " policy=", spec.policy.name));
+    LogEvent("session_create", absl::StrCat("session=", SessionName(*id),
+                                            " tenant=", LogValue(*tenant),
+                                            " layout=", spec.layout,
+                                            " policy=", spec.policy.name));
     return absl::OkStatus();
   });
 }
@@ -207,7 +215,7 @@ grpc::ServerUnaryReactor* KvKeepService::CloseSession(
     resp->set_freed_pages(stats->pages);
     LogEvent("session_close",
              absl::StrCat("session=", req->session_id(),
-                          " tenant=", Quote(stats->tenant),
+                          " tenant=", LogValue(stats->tenant),
                           " evicted_tokens=", stats->evicted_tokens));
     return absl::OkStatus();
   });
@@ -310,8 +318,8 @@ grpc::ServerUnaryReactor* KvKeepService::MapPool(
       if (!stats.ok()) return stats.status();
       if (!layout.empty() && layout != stats->layout) {
         return absl::InvalidArgumentError(
-            absl::StrCat("session ", req->session_id(), " has layout '",
-                         stats->layout, "', not '", layout, "'"));
+            absl::StrCat(SessionLabel(*id), " has layout '", stats->layout,
+                         "', not ", Quote(layout)));
       }
       layout = stats->layout;
       session = *std::move(stats);

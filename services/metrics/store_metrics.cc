@@ -1,5 +1,6 @@
 #include "services/metrics/store_metrics.h"
 
+#include <cmath>
 #include <utility>
 
 #include "absl/time/time.h"
@@ -166,7 +167,12 @@ void StoreMetrics::WorkDone(const WorkReport& report) {
   const SessionWork& w = report.work;
   if (w.evicted_tokens > 0) {
     s->evicted_tokens->Increment(static_cast<double>(w.evicted_tokens));
-    s->evicted_mass->Increment(w.evicted_score);
+    // A server-wide counter that became NaN (or went down) would stay so
+    // for every tenant's dashboards: the store validates what it scores,
+    // and this keeps the counter sound even if a value slipped through.
+    if (std::isfinite(w.evicted_score) && w.evicted_score > 0) {
+      s->evicted_mass->Increment(w.evicted_score);
+    }
     s->eviction_seconds->Observe(absl::ToDoubleSeconds(w.eviction_time));
   }
   if (w.score_updates > 0) {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cache_store/quote.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
@@ -54,7 +55,7 @@ absl::StatusOr<std::unique_ptr<PageSender>> ChooseSender(
   absl::StatusOr<Transport> chosen = ParseTransport(ready.transport());
   if (!chosen.ok() || *chosen == Transport::kAuto) {
     return absl::InternalError(
-        absl::StrCat("the target chose transport '", ready.transport(), "'"));
+        absl::StrCat("the target chose transport ", Quote(ready.transport())));
   }
   if (*chosen == Transport::kNccl) {
     if (!options.nccl_offer.has_value()) {

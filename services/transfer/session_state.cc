@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cache_store/quote.h"
 
 namespace kvkeep {
 
@@ -37,7 +38,7 @@ absl::StatusOr<SessionSnapshot> StateFromProto(const v1::SessionState& p) {
   const std::optional<SessionId> id = ParseSessionName(p.session_id());
   if (!id.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "session_id '", p.session_id(), "' is not a kvkeep session id"));
+        "session_id ", Quote(p.session_id()), " is not a kvkeep session id"));
   }
   SessionSnapshot s;
   s.id = *id;

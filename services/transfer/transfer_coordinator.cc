@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "cache_store/quote.h"
 #include "services/transfer/session_receiver.h"
 
 namespace kvkeep {
@@ -98,7 +99,7 @@ absl::StatusOr<SessionSnapshot> TransferCoordinator::Freeze(
   if (it->second.running || it->second.transfer_id != transfer_id) {
     return absl::FailedPreconditionError(
         absl::StrCat(SessionLabel(id), " is being transferred (transfer ",
-                     it->second.transfer_id, ")"));
+                     Quote(it->second.transfer_id), ")"));
   }
   it->second.running = true;
   return store_->ExportSession(id, /*with_bytes=*/false);
@@ -110,7 +111,7 @@ TransferOutcome TransferCoordinator::Run(const OutgoingTransfer& transfer,
   const bool tcp_usable = TargetHost(transfer.target).has_value();
   if (transfer.transport == Transport::kTcp && !tcp_usable) {
     outcome.status = absl::FailedPreconditionError(
-        absl::StrCat("transport 'tcp': the target ", transfer.target,
+        absl::StrCat("transport 'tcp': the target ", Quote(transfer.target),
                      " names no TCP host for a data socket"));
     return outcome;
   }

@@ -1,6 +1,7 @@
 #include "services/transfer/transport.h"
 
 #include "absl/strings/str_cat.h"
+#include "cache_store/quote.h"
 
 namespace kvkeep {
 
@@ -10,7 +11,7 @@ absl::StatusOr<Transport> ParseTransport(absl::string_view name) {
   if (name == "tcp") return Transport::kTcp;
   if (name == "nccl") return Transport::kNccl;
   return absl::InvalidArgumentError(absl::StrCat(
-      "transport '", name, "' is not one of auto, host, tcp, nccl"));
+      "transport ", Quote(name), " is not one of auto, host, tcp, nccl"));
 }
 
 absl::string_view TransportName(Transport transport) {
