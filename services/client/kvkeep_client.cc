@@ -1,129 +1,25 @@
+// The client's calls: KvKeepClient, Session and DecodeStream, each an RPC
+// (or a stream of them) through the shared Connection (connection.h: token,
+// deadlines, retries). BlockTableMirror is in block_table_mirror.cc.
 #include "services/client/kvkeep_client.h"
 
 #include <algorithm>
 #include <optional>
 #include <utility>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "services/client/connection.h"
 #include "services/common/dtype_proto.h"
 #include "services/common/grpc_status.h"
 
 namespace kvkeep::client {
-
-// What one call does about UNAVAILABLE.
-enum class Retry { kNo, kOnUnavailable };
-
-// Shared by a client and every handle it made, so handles may outlive it.
-class Connection {
- public:
-  Connection(ClientOptions options, std::shared_ptr<grpc::Channel> channel)
-      : options_(std::move(options)),
-        channel_(std::move(channel)),
-        stub_(v1::KvKeep::NewStub(channel_)) {}
-
-  const ClientOptions& options() const { return options_; }
-  v1::KvKeep::Stub& stub() const { return *stub_; }
-
-  // Sets the token and a deadline `timeout` from now on a call's context.
-  void Prepare(grpc::ClientContext& context, absl::Duration timeout) const {
-    if (!options_.token.empty()) {
-      context.AddMetadata("authorization",
-                          absl::StrCat("Bearer ", options_.token));
-    }
-    if (timeout != absl::InfiniteDuration()) {
-      context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    }
-  }
-
-  // Runs attempt(context, attempt_number) with a fresh context per attempt,
-  // retrying UNAVAILABLE as `retry` and the options allow.
-  template <typename Attempt>
-  absl::Status Call(absl::string_view method, Retry retry,
-                    Attempt&& attempt) const {
-    absl::Duration wait = options_.backoff;
-    std::optional<absl::BitGen> jitter;
-    for (int n = 1;; ++n) {
-      grpc::ClientContext context;
-      Prepare(context, options_.deadline);
-      absl::Status status = FromGrpcStatus(attempt(context, n));
-      if (status.code() != absl::StatusCode::kUnavailable ||
-          retry == Retry::kNo || n > options_.retries) {
-        if (status.code() == absl::StatusCode::kUnavailable && n > 1) {
-          return absl::UnavailableError(
-              absl::StrCat(method, " to ", options_.address, " failed after ",
-                           n, " attempts: ", status.message()));
-        }
-        return status;
-      }
-      if (options_.on_retry) options_.on_retry(method, n, status);
-      if (!jitter.has_value()) jitter.emplace();
-      absl::SleepFor(wait * absl::Uniform(*jitter, 0.8, 1.2));
-      wait = std::min(wait * 2, options_.max_backoff);
-    }
-  }
-
-  // A layout the server serves and its message limit, from a cached
-  // ServerInfo (fetched again when the name is not in it). nullopt if the
-  // server does not serve it.
-  struct LayoutInfo {
-    std::optional<v1::Layout> layout;
-    int64_t max_message_bytes = 0;
-  };
-  absl::StatusOr<LayoutInfo> FindLayout(const std::string& name) const {
-    {
-      absl::MutexLock lock(&mu_);
-      if (info_.has_value()) {
-        if (std::optional<v1::Layout> l = Lookup(*info_, name)) {
-          return LayoutInfo{std::move(l), info_->max_message_bytes()};
-        }
-      }
-    }
-    absl::StatusOr<v1::ServerInfo> info = GetServerInfo();
-    if (!info.ok()) return info.status();
-    LayoutInfo found{Lookup(*info, name), info->max_message_bytes()};
-    absl::MutexLock lock(&mu_);
-    info_ = *std::move(info);
-    return found;
-  }
-
-  absl::StatusOr<v1::ServerInfo> GetServerInfo() const {
-    v1::ServerInfo info;
-    absl::Status s = Call("GetServerInfo", Retry::kOnUnavailable,
-                          [&](grpc::ClientContext& context, int) {
-                            return stub_->GetServerInfo(
-                                &context, v1::GetServerInfoRequest(), &info);
-                          });
-    if (!s.ok()) return s;
-    return info;
-  }
-
- private:
-  static std::optional<v1::Layout> Lookup(const v1::ServerInfo& info,
-                                          const std::string& name) {
-    for (const v1::Layout& l : info.layouts()) {
-      if (l.name() == name) return l;
-    }
-    return std::nullopt;
-  }
-
-  const ClientOptions options_;
-  const std::shared_ptr<grpc::Channel> channel_;
-  const std::unique_ptr<v1::KvKeep::Stub> stub_;
-  mutable absl::Mutex mu_;
-  // Layouts and limits do not change while a server runs.
-  mutable std::optional<v1::ServerInfo> info_ ABSL_GUARDED_BY(mu_);
-};
-
 namespace {
 
 int64_t DTypeBytes(v1::DType dtype) {
@@ -683,186 +579,6 @@ absl::StatusOr<v1::TransferSessionResponse> KvKeepClient::TransferSession(
                         });
   if (!s.ok()) return s;
   return response;
-}
-
-// ---------------------------------------------------------------------------
-// BlockTableMirror
-
-BlockTableMirror::BlockTableMirror(int32_t page_tokens,
-                                   absl::Span<const uint64_t> versions)
-    : page_tokens_(page_tokens), layers_(versions.size()) {
-  for (size_t l = 0; l < versions.size(); ++l) {
-    layers_[l].version = versions[l];
-  }
-}
-
-absl::StatusOr<BlockTableMirror> BlockTableMirror::FromTables(
-    const v1::GetBlockTablesResponse& tables) {
-  if (tables.tables_size() == 0) {
-    return absl::InvalidArgumentError("no block tables to mirror");
-  }
-  BlockTableMirror mirror(tables.tables(0).page_tokens());
-  for (int l = 0; l < tables.tables_size(); ++l) {
-    const v1::BlockTable& t = tables.tables(l);
-    if (t.layer() != l) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("block table ", l, " is of layer ", t.layer(),
-                       ": a mirror needs every layer, in layer order"));
-    }
-    mirror.layers_.push_back(
-        Layer{t.version(),
-              {t.pages().begin(), t.pages().end()},
-              {t.positions().begin(), t.positions().end()}});
-  }
-  return mirror;
-}
-
-namespace {
-
-// The call's new tokens that a layer kept: new_positions minus the evicted
-// ones (both ascending).
-int64_t KeptNew(absl::Span<const int64_t> new_positions,
-                const google::protobuf::RepeatedField<int64_t>& evicted) {
-  int64_t kept = 0;
-  for (int64_t p : new_positions) {
-    kept += std::binary_search(evicted.begin(), evicted.end(), p) ? 0 : 1;
-  }
-  return kept;
-}
-
-}  // namespace
-
-absl::Status BlockTableMirror::Check(
-    const v1::StepResult& result,
-    absl::Span<const int64_t> new_positions) const {
-  if (result.layers_size() != num_layers()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a result of ", result.layers_size(),
-                     " layers for a mirror of ", num_layers()));
-  }
-  for (int32_t l = 0; l < num_layers(); ++l) {
-    const v1::LayerChange& c = result.layers(l);
-    const Layer& layer = layers_[l];
-    const int64_t size = static_cast<int64_t>(layer.positions.size());
-    const auto where = [&] { return absl::StrCat("layer ", l, ": "); };
-    if (c.layer() != l) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where(), "the result names layer ", c.layer()));
-    }
-    for (const v1::SlotMove& m : c.moves()) {
-      if (m.from_slot() < 0 || m.from_slot() >= size || m.to_slot() < 0 ||
-          m.to_slot() >= size) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where(), "move ", m.from_slot(), " -> ", m.to_slot(),
-                         " outside the ", size, " resident slots"));
-      }
-    }
-    const int64_t kept_old =
-        c.resident() - KeptNew(new_positions, c.evicted_positions());
-    if (kept_old < 0 || kept_old > size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where(), "resident ", c.resident(), " with ",
-                       new_positions.size(), " new tokens from ", size));
-    }
-    const int64_t freed = c.pages_freed_size();
-    const int64_t pages = static_cast<int64_t>(layer.pages.size());
-    if (freed > pages ||
-        !std::is_permutation(c.pages_freed().begin(), c.pages_freed().end(),
-                             layer.pages.end() - freed)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where(), "the ", freed, " freed pages are not the last of ", pages));
-    }
-    if ((pages - freed + c.pages_added_size()) * page_tokens_ < c.resident()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where(), pages - freed + c.pages_added_size(),
-                       " pages cannot hold ", c.resident(), " tokens"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status BlockTableMirror::Apply(const v1::StepResult& result,
-                                     absl::Span<const int64_t> new_positions) {
-  if (absl::Status s = Check(result, new_positions); !s.ok()) return s;
-  for (int32_t l = 0; l < num_layers(); ++l) {
-    const v1::LayerChange& c = result.layers(l);
-    Layer& layer = layers_[l];
-    for (const v1::SlotMove& m : c.moves()) {
-      layer.positions[m.to_slot()] = layer.positions[m.from_slot()];
-    }
-    const int64_t kept_new = KeptNew(new_positions, c.evicted_positions());
-    layer.positions.resize(c.resident() - kept_new);
-    layer.pages.resize(layer.pages.size() - c.pages_freed_size());
-    layer.pages.insert(layer.pages.end(), c.pages_added().begin(),
-                       c.pages_added().end());
-    for (int64_t p : new_positions) {
-      if (!std::binary_search(c.evicted_positions().begin(),
-                              c.evicted_positions().end(), p)) {
-        layer.positions.push_back(p);
-      }
-    }
-    layer.version = c.version();
-  }
-  return absl::OkStatus();
-}
-
-absl::Status BlockTableMirror::ApplyDecode(
-    const v1::DecodeStepResult& result,
-    absl::Span<const int64_t> new_positions) {
-  if (result.has_append()) {
-    if (absl::Status s = Apply(result.append(), new_positions); !s.ok()) {
-      return s;
-    }
-  } else if (!new_positions.empty()) {
-    return absl::InvalidArgumentError(
-        "new positions given for a decode step that appended nothing");
-  }
-  return Apply(result.scores());
-}
-
-absl::Status BlockTableMirror::ApplyPrefill(
-    const PrefillResult& result, absl::Span<const int64_t> positions) {
-  int64_t first = 0;
-  for (size_t c = 0; c < result.chunks.size(); ++c) {
-    const int64_t n = result.chunk_tokens[c];
-    if (first + n > static_cast<int64_t>(positions.size())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the prefill's chunks hold more than the ",
-                       positions.size(), " positions given"));
-    }
-    if (absl::Status s = Apply(result.chunks[c], positions.subspan(first, n));
-        !s.ok()) {
-      return s;
-    }
-    first += n;
-  }
-  return absl::OkStatus();
-}
-
-std::vector<int64_t> BlockTableMirror::CachePositions(int32_t layer) const {
-  const std::vector<int64_t>& positions = layers_[layer].positions;
-  std::vector<int64_t> order(positions.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
-  std::sort(order.begin(), order.end(),
-            [&](int64_t a, int64_t b) { return positions[a] < positions[b]; });
-  std::vector<int64_t> rank(positions.size());
-  for (size_t r = 0; r < order.size(); ++r) {
-    rank[order[r]] = static_cast<int64_t>(r);
-  }
-  return rank;
-}
-
-v1::BlockTable BlockTableMirror::Table(int32_t layer) const {
-  const Layer& l = layers_[layer];
-  v1::BlockTable table;
-  table.set_layer(layer);
-  table.set_version(l.version);
-  table.set_page_tokens(page_tokens_);
-  table.mutable_pages()->Add(l.pages.begin(), l.pages.end());
-  table.mutable_positions()->Add(l.positions.begin(), l.positions.end());
-  const std::vector<int64_t> cache = CachePositions(layer);
-  table.mutable_cache_positions()->Add(cache.begin(), cache.end());
-  return table;
 }
 
 }  // namespace kvkeep::client

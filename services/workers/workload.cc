@@ -1,535 +1,210 @@
+// The generator of workload.h: Workload::Create precomputes per-head
+// directions and per-distance tables, step by step; Fill and its helpers
+// then build each token's query, key and value from them. The spec's
+// families and validation are in workload_spec.cc, the reference attention
+// in reference_attention.cc, the deterministic math and PRNG in
+// workload_math.h.
 #include "services/workers/workload.h"
 
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <limits>
-#include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "services/workers/workload_geometry.h"
+#include "services/workers/workload_math.h"
 
 namespace kvkeep::workers {
+
+using workload_internal::DetExp;
+using workload_internal::DetLog;
+using workload_internal::DetSinCos;
+using workload_internal::FirstQuestionStep;
+using workload_internal::Gaussians;
+using workload_internal::kFirstNeedleDir;
+using workload_internal::kHeavyHitterDir;
+using workload_internal::kSinkDir;
+using workload_internal::kTwoPi;
+using workload_internal::LocalKvHeads;
+using workload_internal::NeedlePosition;
+using workload_internal::RotaryDims;
+using workload_internal::SplitMix64;
+using workload_internal::Stream;
+using workload_internal::StreamKey;
+using workload_internal::UniformAt;
+
 namespace {
 
-// Bounds that keep per-call scratch on the stack and tables small.
-constexpr int64_t kMaxTotalTokens = int64_t{1} << 24;
-// The shares of sinks and needles leave at least this much to the rest.
-constexpr double kMaxReservedShare = 0.95;
-// Content direction indices (after them: one per needle).
-constexpr int32_t kSinkDir = 0;
-constexpr int32_t kHeavyHitterDir = 1;
-constexpr int32_t kFirstNeedleDir = 2;
 // The logit a content component is sized for; the key and the query split it
 // evenly, so neither side's norm dwarfs the other's.
 constexpr double kContentLogitScale = 8.0;
 
-// ---------------------------------------------------------------------------
-// Deterministic float64 math: only + - * /, sqrt, floor, frexp and ldexp
-// (all exactly specified by IEEE 754 / the C standard), so the results do not
-// depend on the platform's libm. Accurate to a few ulps, which is plenty; what
-// matters is that they are the same everywhere.
-
-constexpr double kLn2Hi = 6.93147180369123816490e-01;  // fdlibm's split of ln 2
-constexpr double kLn2Lo = 1.90821492927058770002e-10;
-constexpr double kInvLn2 = 1.44269504088896338700e+00;
-constexpr double kTwoPi = 6.28318530717958647692e+00;
-constexpr double kTwoOverPi = 6.36619772367581382433e-01;
-constexpr double kPio2_1 = 1.57079632673412561417e+00;  // fdlibm's pi/2 split
-constexpr double kPio2_2 = 6.07710050630396597660e-11;
-constexpr double kPio2_2t = 2.02226624879595063154e-21;
-
-// 1 / n, and 1 / (n (n - 1)), folded by the compiler (IEEE division, so the
-// same constants everywhere); the series below multiply by them.
-constexpr std::array<double, 24> kInv = [] {
-  std::array<double, 24> a{};
-  for (int n = 1; n < 24; ++n) a[n] = 1.0 / n;
-  return a;
-}();
-constexpr std::array<double, 24> kInvFall2 = [] {
-  std::array<double, 24> a{};
-  for (int n = 2; n < 24; ++n) a[n] = 1.0 / (n * (n - 1));
-  return a;
-}();
-
-double DetExp(double x) {
-  if (x > 709.0) return std::numeric_limits<double>::infinity();
-  if (x < -745.0) return 0.0;
-  const double k = std::floor(x * kInvLn2 + 0.5);
-  const double r = (x - k * kLn2Hi) - k * kLn2Lo;  // |r| <= ~0.347
-  double p = 1.0;  // e^r = 1 + r (1 + r/2 (1 + r/3 (...))), to r^15
-  for (int n = 15; n >= 1; --n) p = 1.0 + r * p * kInv[n];
-  return std::ldexp(p, static_cast<int>(k));
-}
-
-// x > 0.
-double DetLog(double x) {
-  int e = 0;
-  double m = std::frexp(x, &e);  // x = m * 2^e, m in [0.5, 1)
-  if (m < 0.70710678118654752440) {
-    m *= 2.0;
-    --e;
-  }
-  // ln m = 2 atanh(s) = 2 (s + s^3/3 + s^5/5 + ...), s = (m - 1) / (m + 1),
-  // |s| <= 0.1716.
-  const double s = (m - 1.0) / (m + 1.0);
-  const double s2 = s * s;
-  double p = 0.0;
-  for (int n = 23; n >= 3; n -= 2) p = s2 * (kInv[n] + p);
-  const double ln_m = 2.0 * s * (1.0 + p);
-  return e * kLn2Hi + (e * kLn2Lo + ln_m);
-}
-
-void DetSinCos(double x, double* sin_out, double* cos_out) {
-  const double k = std::floor(x * kTwoOverPi + 0.5);
-  const double r = ((x - k * kPio2_1) - k * kPio2_2) - k * kPio2_2t;
-  const double r2 = r * r;  // |r| <= ~pi/4
-  double s = 1.0;  // sin r = r (1 - r2/3! (1 - r2/(5 4) (...))), to r^19
-  for (int n = 19; n >= 3; n -= 2) s = 1.0 - r2 * s * kInvFall2[n];
-  s = r * s;
-  double c = 1.0;  // cos r = 1 - r2/2! (1 - r2/(4 3) (...)), to r^20
-  for (int n = 20; n >= 2; n -= 2) c = 1.0 - r2 * c * kInvFall2[n];
-  const int64_t quadrant = static_cast<int64_t>(k) & 3;  // two's complement
-  switch (quadrant) {
-    case 0:
-      *sin_out = s;
-      *cos_out = c;
-      break;
-    case 1:
-      *sin_out = c;
-      *cos_out = -s;
-      break;
-    case 2:
-      *sin_out = -s;
-      *cos_out = -c;
-      break;
-    default:
-      *sin_out = -c;
-      *cos_out = s;
-      break;
-  }
-}
-
-// ---------------------------------------------------------------------------
-// PRNG: splitmix64 (Steele, Lea, Flood 2014), keyed per stream.
-
-uint64_t Mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-// What a stream is for: part of its key, so streams never collide.
-enum class Stream : uint64_t {
-  kKeyNoise = 1,
-  kQueryNoise,
-  kValue,
-  kHeavyHitter,
-  kHeavyHitterBonus,
-  kLocalityPhase,
-  kContentDir,
-};
-
-uint64_t StreamKey(uint64_t seed, Stream stream, uint64_t layer, uint64_t head,
-                   uint64_t index) {
-  uint64_t x = Mix64(seed + 0x9E3779B97F4A7C15ull);
-  x = Mix64(x ^ (static_cast<uint64_t>(stream) * 0xD1B54A32D192ED03ull));
-  x = Mix64(x ^ ((layer + 1) * 0x8CB92BA72F3D8DD7ull));
-  x = Mix64(x ^ ((head + 1) * 0xAEF17502108EF2D9ull));
-  return Mix64(x ^ ((index + 1) * 0xF1357AEA2E62A9C5ull));
-}
-
-class SplitMix64 {
- public:
-  explicit SplitMix64(uint64_t key) : state_(key) {}
-  uint64_t Next() {
-    state_ += 0x9E3779B97F4A7C15ull;
-    return Mix64(state_);
-  }
-  // Uniform in (0, 1): the 53-bit grid shifted by half a step.
-  double Uniform() {
-    return (static_cast<double>(Next() >> 11) + 0.5) * 0x1.0p-53;
-  }
-
- private:
-  uint64_t state_;
-};
-
-// out[0..n) = independent standard normals: Box-Muller in Marsaglia's polar
-// form (a pair from a point drawn uniformly in the unit disc, no sin/cos).
-void Gaussians(uint64_t key, double* out, int32_t n) {
-  SplitMix64 rng(key);
-  for (int32_t i = 0; i < n; i += 2) {
-    double u = 0, v = 0, r2 = 0;
-    do {
-      u = 2.0 * rng.Uniform() - 1.0;
-      v = 2.0 * rng.Uniform() - 1.0;
-      r2 = u * u + v * v;
-    } while (r2 >= 1.0 || r2 == 0.0);
-    const double f = std::sqrt(-2.0 * DetLog(r2) / r2);
-    out[i] = u * f;
-    if (i + 1 < n) out[i + 1] = v * f;
-  }
-}
-
-double UniformAt(uint64_t key) { return SplitMix64(key).Uniform(); }
-
-absl::Status Invalid(const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat("workload spec: ", what));
-}
-
-bool Finite(double x) { return std::isfinite(x); }
-
-int32_t RotaryDims(const WorkloadSpec& spec) {
-  const double half = std::floor(spec.rotary_fraction * spec.head_dim / 2.0);
-  return 2 * static_cast<int32_t>(std::clamp(half, 0.0, spec.head_dim / 2.0));
-}
-
-int32_t LocalKvHeads(const WorkloadSpec& spec) {
-  return static_cast<int32_t>(
-      std::floor(spec.local_head_fraction * spec.kv_heads + 0.5));
-}
-
-int64_t NeedlePosition(const WorkloadSpec& spec, int32_t i) {
-  return spec.prompt_tokens * (i + 1) / (spec.needles + 1);
-}
-
-int64_t FirstQuestionStep(const WorkloadSpec& spec) {
-  return spec.needle_question_step >= 0 ? spec.needle_question_step
-                                        : spec.decode_steps * 3 / 4;
-}
-
-constexpr std::array<WorkloadFamily, 7> kFamilies = {
-    WorkloadFamily::kSinks,        WorkloadFamily::kLocality,
-    WorkloadFamily::kHeavyHitters, WorkloadFamily::kNeedleRepeated,
-    WorkloadFamily::kNeedleOnce,   WorkloadFamily::kHeadTypes,
-    WorkloadFamily::kMixed,
-};
-
 }  // namespace
 
-std::span<const WorkloadFamily> AllFamilies() { return kFamilies; }
-
-std::string_view FamilyName(WorkloadFamily family) {
-  switch (family) {
-    case WorkloadFamily::kSinks:
-      return "sinks";
-    case WorkloadFamily::kLocality:
-      return "locality";
-    case WorkloadFamily::kHeavyHitters:
-      return "heavy_hitters";
-    case WorkloadFamily::kNeedleRepeated:
-      return "needle_repeated";
-    case WorkloadFamily::kNeedleOnce:
-      return "needle_once";
-    case WorkloadFamily::kHeadTypes:
-      return "head_types";
-    case WorkloadFamily::kMixed:
-      return "mixed";
-  }
-  return "unknown";
-}
-
-absl::StatusOr<WorkloadFamily> ParseFamily(std::string_view name) {
-  for (WorkloadFamily f : kFamilies) {
-    if (FamilyName(f) == name) return f;
-  }
-  // std::string: this Abseil's string_view may not be std::string_view.
-  std::vector<std::string> names;
-  for (WorkloadFamily f : kFamilies) names.emplace_back(FamilyName(f));
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown workload family '", std::string(name),
-                   "'; known: ", absl::StrJoin(names, ", ")));
-}
-
-WorkloadSpec DefaultSpec(WorkloadFamily family) {
-  WorkloadSpec s;  // kMixed's values
-  s.family = family;
-  // Start from a blank slate: every content knob off, mild locality.
-  s.sink_tokens = 0;
-  s.sink_share = 0;
-  s.locality = 4.0;
-  s.heavy_hitter_fraction = 0;
-  s.needles = 0;
-  switch (family) {
-    case WorkloadFamily::kSinks:
-      s.sink_tokens = 1;
-      s.sink_share = 0.4;
-      break;
-    case WorkloadFamily::kLocality:
-      s.locality = 12.0;
-      break;
-    case WorkloadFamily::kHeavyHitters:
-      s.locality = 2.0;
-      s.heavy_hitter_fraction = 0.02;
-      s.heavy_hitter_logit = 3.0;
-      s.heavy_hitter_tail = 0.5;
-      break;
-    case WorkloadFamily::kNeedleRepeated:
-      s.needles = 1;
-      s.needle_share = 0.5;
-      s.needle_period = 4;
-      break;
-    case WorkloadFamily::kNeedleOnce:
-      s.needles = 1;
-      s.needle_share = 0.5;
-      s.needle_period = 0;
-      break;
-    case WorkloadFamily::kHeadTypes:
-      s.local_head_fraction = 0.5;
-      s.local_head_locality = 16.0;
-      s.locality = 2.0;
-      s.sink_tokens = 1;
-      s.sink_share = 0.3;
-      s.heavy_hitter_fraction = 0.02;
-      s.needles = 1;
-      s.needle_share = 0.5;
-      s.needle_period = 16;
-      break;
-    case WorkloadFamily::kMixed:
-      s = WorkloadSpec{};
-      break;
-  }
-  return s;
-}
-
-absl::Status ValidateSpec(const WorkloadSpec& s) {
-  if (s.num_layers < 1) return Invalid("num_layers must be >= 1");
-  if (s.kv_heads < 1) return Invalid("kv_heads must be >= 1");
-  if (s.query_heads < s.kv_heads || s.query_heads % s.kv_heads != 0) {
-    return Invalid("query_heads must be a positive multiple of kv_heads");
-  }
-  if (s.head_dim < 4 || s.head_dim > kMaxHeadDim) {
-    return Invalid(absl::StrCat("head_dim must be in [4, ", kMaxHeadDim, "]"));
-  }
-  if (s.prompt_tokens < 1) return Invalid("prompt_tokens must be >= 1");
-  if (s.decode_steps < 0) return Invalid("decode_steps must be >= 0");
-  if (s.prompt_tokens > kMaxTotalTokens - s.decode_steps) {
-    return Invalid(absl::StrCat("prompt_tokens + decode_steps must be <= ",
-                                kMaxTotalTokens));
-  }
-  if (!Finite(s.noise_logit_std) || s.noise_logit_std < 0) {
-    return Invalid("noise_logit_std must be >= 0");
-  }
-  if (s.sink_tokens < 0 || s.sink_tokens >= s.prompt_tokens) {
-    return Invalid("sink_tokens must be in [0, prompt_tokens)");
-  }
-  if (!Finite(s.sink_share) || s.sink_share < 0 ||
-      s.sink_share >= kMaxReservedShare) {
-    return Invalid("sink_share must be in [0, 0.95)");
-  }
-  if ((s.sink_tokens > 0) != (s.sink_share > 0)) {
-    return Invalid("sink_tokens and sink_share are both zero or both > 0");
-  }
-  if (!Finite(s.rope_base) || s.rope_base <= 1) {
-    return Invalid("rope_base must be > 1");
-  }
-  if (!Finite(s.rotary_fraction) || s.rotary_fraction < 0 ||
-      s.rotary_fraction > 1) {
-    return Invalid("rotary_fraction must be in [0, 1]");
-  }
-  if (!Finite(s.locality) || s.locality < 0 || !Finite(s.local_head_locality) ||
-      s.local_head_locality < 0) {
-    return Invalid("locality and local_head_locality must be >= 0");
-  }
-  if (!Finite(s.local_head_fraction) || s.local_head_fraction < 0 ||
-      s.local_head_fraction > 1) {
-    return Invalid("local_head_fraction must be in [0, 1]");
-  }
-  const int32_t rotary = RotaryDims(s);
-  const int32_t local = LocalKvHeads(s);
-  if (rotary < 2 &&
-      (s.locality > 0 || (local > 0 && s.local_head_locality > 0))) {
-    return Invalid("locality needs at least one rotary pair (rotary_fraction)");
-  }
-  if (!Finite(s.heavy_hitter_fraction) || s.heavy_hitter_fraction < 0 ||
-      s.heavy_hitter_fraction >= 1) {
-    return Invalid("heavy_hitter_fraction must be in [0, 1)");
-  }
-  if (!Finite(s.heavy_hitter_logit) || s.heavy_hitter_logit < 0 ||
-      s.heavy_hitter_logit > 30) {
-    return Invalid("heavy_hitter_logit must be in [0, 30]");
-  }
-  if (!Finite(s.heavy_hitter_tail) || s.heavy_hitter_tail < 0 ||
-      s.heavy_hitter_tail >= 1) {
-    return Invalid("heavy_hitter_tail must be in [0, 1)");
-  }
-  if (s.needles < 0 || s.needles > kMaxNeedles) {
-    return Invalid(absl::StrCat("needles must be in [0, ", kMaxNeedles, "]"));
-  }
-  if (s.head_dim - rotary < kFirstNeedleDir + s.needles + 1) {
-    return Invalid(absl::StrCat(
-        "the non-rotary dimensions (", s.head_dim - rotary,
-        ") must hold 2 + needles content directions and noise: lower "
-        "rotary_fraction"));
-  }
-  if (s.needles > 0) {
-    if (!Finite(s.needle_share) || s.needle_share <= 0 ||
-        s.sink_share + s.needle_share >= kMaxReservedShare) {
-      return Invalid(
-          "needle_share must be > 0 and sink_share + needle_share "
-          "< 0.95");
-    }
-    if (local == s.kv_heads) {
-      return Invalid(
-          "needles need at least one retrieval head "
-          "(local_head_fraction < 1)");
-    }
-    for (int32_t i = 0; i < s.needles; ++i) {
-      const int64_t p = NeedlePosition(s, i);
-      if (p < s.sink_tokens || (i > 0 && p == NeedlePosition(s, i - 1))) {
-        return Invalid("prompt too short for its sinks and needles");
-      }
-    }
-    if (s.needle_period < 0) return Invalid("needle_period must be >= 0");
-    if (s.needle_period == 0) {
-      if (s.decode_steps < 1) {
-        return Invalid("needle_once needs decode_steps >= 1");
-      }
-      if (s.needle_question_step >= s.decode_steps ||
-          s.needle_question_step < -1) {
-        return Invalid(
-            "needle_question_step must be -1 or in "
-            "[0, decode_steps)");
-      }
-    }
-  }
-  return absl::OkStatus();
-}
+// ---------------------------------------------------------------------------
+// Creation
 
 absl::StatusOr<Workload> Workload::Create(const WorkloadSpec& spec) {
   if (absl::Status st = ValidateSpec(spec); !st.ok()) return st;
   Workload w(spec);
-  const int32_t d = spec.head_dim;
+  w.SizeComponents();
+  w.BuildRopeTables();
+  w.BuildHeadDirections();
+  w.PlaceNeedles();
+  w.DrawHeavyHitters();
+  return w;
+}
+
+void Workload::SizeComponents() {
+  const int32_t d = spec_.head_dim;
   const double sqrt_d = std::sqrt(static_cast<double>(d));
-  const int64_t total = w.total_tokens();
-  w.rotary_dims_ = RotaryDims(spec);
-  w.content_dims_ = d - w.rotary_dims_;
-  w.content_dirs_ = kFirstNeedleDir + spec.needles;
+  rotary_dims_ = RotaryDims(spec_);
+  content_dims_ = d - rotary_dims_;
+  content_dirs_ = kFirstNeedleDir + spec_.needles;
   // Noise lives in the content dims less the content directions (m dims):
   // per element std sigma with sigma^4 m / d = noise_logit_std^2, so the
   // logit noise q_noise . k_noise / sqrt(d) has that standard deviation.
-  const int32_t noise_dims = w.content_dims_ - w.content_dirs_;
-  w.noise_elem_std_ = std::sqrt(spec.noise_logit_std *
-                                std::sqrt(static_cast<double>(d) / noise_dims));
-  w.key_content_norm_ = std::sqrt(kContentLogitScale * sqrt_d);
-  w.query_hh_norm_ = w.key_content_norm_;
+  const int32_t noise_dims = content_dims_ - content_dirs_;
+  noise_elem_std_ = std::sqrt(spec_.noise_logit_std *
+                              std::sqrt(static_cast<double>(d) / noise_dims));
+  key_content_norm_ = std::sqrt(kContentLogitScale * sqrt_d);
+  query_hh_norm_ = key_content_norm_;
   // q.k / sqrt(d) of the locality parts is amp^2 c / sqrt(d) = B c.
-  w.amp_retrieval_ = std::sqrt(spec.locality * sqrt_d);
-  w.amp_local_ = std::sqrt(spec.local_head_locality * sqrt_d);
+  amp_retrieval_ = std::sqrt(spec_.locality * sqrt_d);
+  amp_local_ = std::sqrt(spec_.local_head_locality * sqrt_d);
   // It is independent from key to key, so the partition over many keys is
   // near its mean: E[e^noise] = e^(std^2 / 2) (Gaussian).
-  w.log_noise_mgf_ = 0.5 * spec.noise_logit_std * spec.noise_logit_std;
-  const int32_t pairs = w.rotary_dims_ / 2;
-  const double ln_base = DetLog(spec.rope_base);
-  w.theta_.resize(pairs);
+  log_noise_mgf_ = 0.5 * spec_.noise_logit_std * spec_.noise_logit_std;
+}
+
+void Workload::BuildRopeTables() {
+  const int64_t total = total_tokens();
+  const int32_t pairs = rotary_dims_ / 2;
+  const double ln_base = DetLog(spec_.rope_base);
+  theta_.resize(pairs);
   for (int32_t i = 0; i < pairs; ++i) {
-    w.theta_[i] = DetExp(-(2.0 * i / w.rotary_dims_) * ln_base);
+    theta_[i] = DetExp(-(2.0 * i / rotary_dims_) * ln_base);
   }
-  w.profile_.assign(total, 0.0);
+  profile_.assign(total, 0.0);
   for (int64_t dist = 0; dist < total && pairs > 0; ++dist) {
     double sum = 0;
     for (int32_t i = 0; i < pairs; ++i) {
       double sn = 0, cs = 0;
-      DetSinCos(static_cast<double>(dist) * w.theta_[i], &sn, &cs);
+      DetSinCos(static_cast<double>(dist) * theta_[i], &sn, &cs);
       sum += cs;
     }
-    w.profile_[dist] = sum / pairs;
+    profile_[dist] = sum / pairs;
   }
   for (int type = 0; type < 2; ++type) {
-    const double b = type == 0 ? spec.locality : spec.local_head_locality;
-    std::vector<double>& sum = w.locality_sum_[type];
-    std::vector<double>& sum2 = w.locality_sum2_[type];
+    const double b = type == 0 ? spec_.locality : spec_.local_head_locality;
+    std::vector<double>& sum = locality_sum_[type];
+    std::vector<double>& sum2 = locality_sum2_[type];
     sum.assign(total + 1, 0.0);
     sum2.assign(total + 1, 0.0);
     for (int64_t dist = 0; dist < total; ++dist) {
-      const double weight = DetExp(b * w.profile_[dist]);
+      const double weight = DetExp(b * profile_[dist]);
       sum[dist + 1] = sum[dist] + weight;
       sum2[dist + 1] = sum2[dist] + weight * weight;
     }
   }
+}
 
-  const int64_t heads = static_cast<int64_t>(spec.num_layers) * spec.kv_heads;
-  const int32_t local = LocalKvHeads(spec);
-  const double f = spec.heavy_hitter_fraction;
-  w.local_.assign(heads, 0);
-  w.locality_dir_.assign(heads * w.rotary_dims_, 0.0);
-  w.content_dir_.assign(heads * w.content_dirs_ * w.content_dims_, 0.0);
-  for (int32_t layer = 0; layer < spec.num_layers; ++layer) {
-    for (int32_t g = 0; g < spec.kv_heads; ++g) {
-      const int64_t hi = w.HeadIndex(layer, g);
-      w.local_[hi] = (g + layer) % spec.kv_heads < local;
-      // Locality direction: unit norm, the same energy in every rotary pair
-      // (so the logit is B * mean_i cos(distance theta_i)), random phases.
-      SplitMix64 phases(
-          StreamKey(spec.seed, Stream::kLocalityPhase, layer, g, 0));
-      for (int32_t i = 0; i < pairs; ++i) {
-        double sn = 0, cs = 0;
-        DetSinCos(kTwoPi * phases.Uniform(), &sn, &cs);
-        const double norm = 1.0 / std::sqrt(static_cast<double>(pairs));
-        w.locality_dir_[hi * w.rotary_dims_ + 2 * i] = cs * norm;
-        w.locality_dir_[hi * w.rotary_dims_ + 2 * i + 1] = sn * norm;
-      }
-      // Content directions: Gram-Schmidt on Gaussian vectors in the
-      // non-rotary dims (modified, twice, for orthogonality to ~1e-16).
-      for (int32_t a = 0; a < w.content_dirs_; ++a) {
-        double* dir =
-            &w.content_dir_[(hi * w.content_dirs_ + a) * w.content_dims_];
-        Gaussians(StreamKey(spec.seed, Stream::kContentDir, layer, g, a), dir,
-                  w.content_dims_);
-        for (int pass = 0; pass < 2; ++pass) {
-          for (int32_t b = 0; b < a; ++b) {
-            const double* other = w.ContentDir(hi, b);
-            double dot = 0;
-            for (int32_t i = 0; i < w.content_dims_; ++i) {
-              dot += dir[i] * other[i];
-            }
-            for (int32_t i = 0; i < w.content_dims_; ++i) {
-              dir[i] -= dot * other[i];
-            }
-          }
-        }
-        double norm2 = 0;
-        for (int32_t i = 0; i < w.content_dims_; ++i) norm2 += dir[i] * dir[i];
-        const double inv = 1.0 / std::sqrt(norm2);
-        for (int32_t i = 0; i < w.content_dims_; ++i) dir[i] *= inv;
-      }
+void Workload::BuildHeadDirections() {
+  const int64_t heads = static_cast<int64_t>(spec_.num_layers) * spec_.kv_heads;
+  const int32_t local = LocalKvHeads(spec_);
+  local_.assign(heads, 0);
+  locality_dir_.assign(heads * rotary_dims_, 0.0);
+  content_dir_.assign(heads * content_dirs_ * content_dims_, 0.0);
+  for (int32_t layer = 0; layer < spec_.num_layers; ++layer) {
+    for (int32_t g = 0; g < spec_.kv_heads; ++g) {
+      local_[HeadIndex(layer, g)] = (g + layer) % spec_.kv_heads < local;
+      BuildLocalityDirection(layer, g);
+      BuildContentDirections(layer, g);
     }
   }
+}
 
-  for (int32_t i = 0; i < spec.needles; ++i) {
+void Workload::BuildLocalityDirection(int32_t layer, int32_t kv_head) {
+  // Unit norm, the same energy in every rotary pair (so the logit is
+  // B * mean_i cos(distance theta_i)), random phases.
+  const int64_t hi = HeadIndex(layer, kv_head);
+  const int32_t pairs = rotary_dims_ / 2;
+  SplitMix64 phases(
+      StreamKey(spec_.seed, Stream::kLocalityPhase, layer, kv_head, 0));
+  for (int32_t i = 0; i < pairs; ++i) {
+    double sn = 0, cs = 0;
+    DetSinCos(kTwoPi * phases.Uniform(), &sn, &cs);
+    const double norm = 1.0 / std::sqrt(static_cast<double>(pairs));
+    locality_dir_[hi * rotary_dims_ + 2 * i] = cs * norm;
+    locality_dir_[hi * rotary_dims_ + 2 * i + 1] = sn * norm;
+  }
+}
+
+void Workload::BuildContentDirections(int32_t layer, int32_t kv_head) {
+  // Gram-Schmidt on Gaussian vectors in the non-rotary dims (modified,
+  // twice, for orthogonality to ~1e-16).
+  const int64_t hi = HeadIndex(layer, kv_head);
+  for (int32_t a = 0; a < content_dirs_; ++a) {
+    double* dir = &content_dir_[(hi * content_dirs_ + a) * content_dims_];
+    Gaussians(StreamKey(spec_.seed, Stream::kContentDir, layer, kv_head, a),
+              dir, content_dims_);
+    for (int pass = 0; pass < 2; ++pass) {
+      for (int32_t b = 0; b < a; ++b) {
+        const double* other = ContentDir(hi, b);
+        double dot = 0;
+        for (int32_t i = 0; i < content_dims_; ++i) dot += dir[i] * other[i];
+        for (int32_t i = 0; i < content_dims_; ++i) dir[i] -= dot * other[i];
+      }
+    }
+    double norm2 = 0;
+    for (int32_t i = 0; i < content_dims_; ++i) norm2 += dir[i] * dir[i];
+    const double inv = 1.0 / std::sqrt(norm2);
+    for (int32_t i = 0; i < content_dims_; ++i) dir[i] *= inv;
+  }
+}
+
+void Workload::PlaceNeedles() {
+  const int64_t total = total_tokens();
+  for (int32_t i = 0; i < spec_.needles; ++i) {
     Needle n;
-    n.position = NeedlePosition(spec, i);
-    if (spec.needle_period > 0) {
-      for (int64_t t = n.position + spec.needle_period; t < total;
-           t += spec.needle_period) {
+    n.position = NeedlePosition(spec_, i);
+    if (spec_.needle_period > 0) {
+      for (int64_t t = n.position + spec_.needle_period; t < total;
+           t += spec_.needle_period) {
         n.query_tokens.push_back(t);
       }
     } else {
-      const int64_t first = FirstQuestionStep(spec);
-      const int64_t gap = (spec.decode_steps - first) / spec.needles;
-      n.query_tokens.push_back(spec.prompt_tokens + first + i * gap);
+      const int64_t first = FirstQuestionStep(spec_);
+      const int64_t gap = (spec_.decode_steps - first) / spec_.needles;
+      n.query_tokens.push_back(spec_.prompt_tokens + first + i * gap);
     }
-    w.needles_.push_back(std::move(n));
+    needles_.push_back(std::move(n));
   }
+}
 
+void Workload::DrawHeavyHitters() {
   // The heavy hitters of each layer (after the needles: a needle is never
   // one) and e^bonus - 1 per kv head, the excess weight they add to a
   // retrieval query's partition.
-  w.hh_positions_.resize(spec.num_layers);
-  w.hh_excess_.resize(spec.num_layers);
-  for (int32_t layer = 0; layer < spec.num_layers && f > 0; ++layer) {
+  const int64_t total = total_tokens();
+  const double f = spec_.heavy_hitter_fraction;
+  hh_positions_.resize(spec_.num_layers);
+  hh_excess_.resize(spec_.num_layers);
+  for (int32_t layer = 0; layer < spec_.num_layers && f > 0; ++layer) {
     for (int64_t j = 0; j < total; ++j) {
-      if (!w.IsHeavyHitter(layer, j)) continue;
-      w.hh_positions_[layer].push_back(j);
-      for (int32_t g = 0; g < spec.kv_heads; ++g) {
-        w.hh_excess_[layer].push_back(DetExp(w.HeavyHitterBonus(layer, g, j)) -
-                                      1.0);
+      if (!IsHeavyHitter(layer, j)) continue;
+      hh_positions_[layer].push_back(j);
+      for (int32_t g = 0; g < spec_.kv_heads; ++g) {
+        hh_excess_[layer].push_back(DetExp(HeavyHitterBonus(layer, g, j)) -
+                                    1.0);
       }
     }
   }
-  return w;
 }
+
+// ---------------------------------------------------------------------------
+// Generation
 
 const double* Workload::ContentDir(int64_t head_index, int32_t dir) const {
   return &content_dir_[(head_index * content_dirs_ + dir) * content_dims_];
@@ -842,90 +517,6 @@ absl::StatusOr<LayerStream> Workload::Materialize(int32_t layer,
     }
   }
   return out;
-}
-
-namespace {
-
-absl::Status CheckAttentionSizes(const HeadShape& shape, size_t queries,
-                                 size_t keys, int64_t tokens, size_t probs) {
-  if (shape.kv_heads < 1 || shape.head_dim < 1 ||
-      shape.query_heads < shape.kv_heads ||
-      shape.query_heads % shape.kv_heads != 0) {
-    return absl::InvalidArgumentError(
-        "attention: query_heads must be a positive multiple of kv_heads");
-  }
-  const size_t d = shape.head_dim;
-  if (tokens < 0 || queries != shape.query_heads * d ||
-      keys != static_cast<size_t>(tokens) * shape.kv_heads * d ||
-      probs != static_cast<size_t>(tokens) * shape.query_heads) {
-    return absl::InvalidArgumentError(
-        "attention: queries [query_heads][head_dim], keys "
-        "[tokens][kv_heads][head_dim], probs [query_heads][tokens]");
-  }
-  return absl::OkStatus();
-}
-
-template <typename Out>
-void AttentionImpl(const HeadShape& shape, const float* queries,
-                   const float* keys, int64_t tokens, Out* probs,
-                   std::vector<double>& logits) {
-  const int32_t d = shape.head_dim;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  logits.resize(tokens);
-  for (int32_t h = 0; h < shape.query_heads; ++h) {
-    const float* q = queries + static_cast<int64_t>(h) * d;
-    const int32_t g = h / shape.group();
-    double max_logit = -std::numeric_limits<double>::infinity();
-    for (int64_t j = 0; j < tokens; ++j) {
-      const float* k = keys + (j * shape.kv_heads + g) * d;
-      double dot = 0;
-      for (int32_t i = 0; i < d; ++i) {
-        dot += static_cast<double>(q[i]) * static_cast<double>(k[i]);
-      }
-      logits[j] = dot * scale;
-      max_logit = std::max(max_logit, logits[j]);
-    }
-    double sum = 0;
-    for (int64_t j = 0; j < tokens; ++j) {
-      logits[j] = std::exp(logits[j] - max_logit);
-      sum += logits[j];
-    }
-    Out* row = probs + static_cast<int64_t>(h) * tokens;
-    for (int64_t j = 0; j < tokens; ++j) {
-      row[j] = static_cast<Out>(logits[j] / sum);
-    }
-  }
-}
-
-}  // namespace
-
-absl::Status Attention(const HeadShape& shape, std::span<const float> queries,
-                       std::span<const float> keys, int64_t tokens,
-                       std::span<float> probs) {
-  if (absl::Status st = CheckAttentionSizes(shape, queries.size(), keys.size(),
-                                            tokens, probs.size());
-      !st.ok()) {
-    return st;
-  }
-  std::vector<double> scratch;
-  AttentionImpl(shape, queries.data(), keys.data(), tokens, probs.data(),
-                scratch);
-  return absl::OkStatus();
-}
-
-absl::Status AttentionF64(const HeadShape& shape,
-                          std::span<const float> queries,
-                          std::span<const float> keys, int64_t tokens,
-                          std::span<double> probs) {
-  if (absl::Status st = CheckAttentionSizes(shape, queries.size(), keys.size(),
-                                            tokens, probs.size());
-      !st.ok()) {
-    return st;
-  }
-  std::vector<double> scratch;
-  AttentionImpl(shape, queries.data(), keys.data(), tokens, probs.data(),
-                scratch);
-  return absl::OkStatus();
 }
 
 }  // namespace kvkeep::workers

@@ -218,6 +218,19 @@ class Workload {
  private:
   explicit Workload(const WorkloadSpec& spec) : spec_(spec) {}
 
+  // Create's steps, in this order (each reads what the earlier ones set).
+  // The dims, noise level and component norms.
+  void SizeComponents();
+  // theta_, profile_ and the locality sums.
+  void BuildRopeTables();
+  // local_, and per (layer, kv head) its locality and content directions.
+  void BuildHeadDirections();
+  void BuildLocalityDirection(int32_t layer, int32_t kv_head);
+  void BuildContentDirections(int32_t layer, int32_t kv_head);
+  void PlaceNeedles();
+  // After PlaceNeedles: a needle is never a heavy hitter.
+  void DrawHeavyHitters();
+
   // Per (layer, kv head): index layer * kv_heads + kv_head.
   int64_t HeadIndex(int32_t layer, int32_t kv_head) const {
     return static_cast<int64_t>(layer) * spec_.kv_heads + kv_head;

@@ -1,0 +1,118 @@
+// Connection: what a KvKeepClient and every handle it made (Session,
+// DecodeStream) share: the options, the channel and its stub, the retry
+// machinery every call goes through, and a cache of the server's ServerInfo.
+// Internal to the client library (kvkeep_client.h forward-declares it);
+// handles hold it by shared_ptr, so they may outlive the client.
+//
+// Retries. Call() runs an attempt with a fresh context (token, deadline) and
+// sends it again after a jittered, doubling backoff while it fails with
+// UNAVAILABLE, the call is Retry::kOnUnavailable and attempts remain
+// (ClientOptions::retries); which calls are retried is listed in
+// kvkeep_client.h.
+//
+// Thread-safe: the options, channel and stub are immutable; the ServerInfo
+// cache is guarded by mu_.
+#ifndef KVKEEP_SERVICES_CLIENT_CONNECTION_H_
+#define KVKEEP_SERVICES_CLIENT_CONNECTION_H_
+
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/random/random.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/client_context.h"
+#include "kvkeep/v1/kvkeep.grpc.pb.h"
+#include "services/client/kvkeep_client.h"
+#include "services/common/grpc_status.h"
+
+namespace kvkeep::client {
+
+// What one call does about UNAVAILABLE.
+enum class Retry { kNo, kOnUnavailable };
+
+// Shared by a client and every handle it made, so handles may outlive it.
+class Connection {
+ public:
+  Connection(ClientOptions options, std::shared_ptr<grpc::Channel> channel)
+      : options_(std::move(options)),
+        channel_(std::move(channel)),
+        stub_(v1::KvKeep::NewStub(channel_)) {}
+
+  const ClientOptions& options() const { return options_; }
+  v1::KvKeep::Stub& stub() const { return *stub_; }
+
+  // Sets the token and a deadline `timeout` from now on a call's context.
+  void Prepare(grpc::ClientContext& context, absl::Duration timeout) const {
+    if (!options_.token.empty()) {
+      context.AddMetadata("authorization",
+                          absl::StrCat("Bearer ", options_.token));
+    }
+    if (timeout != absl::InfiniteDuration()) {
+      context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    }
+  }
+
+  // Runs attempt(context, attempt_number) with a fresh context per attempt,
+  // retrying UNAVAILABLE as `retry` and the options allow.
+  template <typename Attempt>
+  absl::Status Call(absl::string_view method, Retry retry,
+                    Attempt&& attempt) const {
+    absl::Duration wait = options_.backoff;
+    std::optional<absl::BitGen> jitter;
+    for (int n = 1;; ++n) {
+      grpc::ClientContext context;
+      Prepare(context, options_.deadline);
+      absl::Status status = FromGrpcStatus(attempt(context, n));
+      if (status.code() != absl::StatusCode::kUnavailable ||
+          retry == Retry::kNo || n > options_.retries) {
+        if (status.code() == absl::StatusCode::kUnavailable && n > 1) {
+          return absl::UnavailableError(
+              absl::StrCat(method, " to ", options_.address, " failed after ",
+                           n, " attempts: ", status.message()));
+        }
+        return status;
+      }
+      if (options_.on_retry) options_.on_retry(method, n, status);
+      if (!jitter.has_value()) jitter.emplace();
+      absl::SleepFor(wait * absl::Uniform(*jitter, 0.8, 1.2));
+      wait = std::min(wait * 2, options_.max_backoff);
+    }
+  }
+
+  // A layout the server serves and its message limit, from a cached
+  // ServerInfo (fetched again when the name is not in it). nullopt if the
+  // server does not serve it.
+  struct LayoutInfo {
+    std::optional<v1::Layout> layout;
+    int64_t max_message_bytes = 0;
+  };
+  absl::StatusOr<LayoutInfo> FindLayout(const std::string& name) const;
+
+  absl::StatusOr<v1::ServerInfo> GetServerInfo() const;
+
+ private:
+  static std::optional<v1::Layout> Lookup(const v1::ServerInfo& info,
+                                          const std::string& name);
+
+  const ClientOptions options_;
+  const std::shared_ptr<grpc::Channel> channel_;
+  const std::unique_ptr<v1::KvKeep::Stub> stub_;
+  mutable absl::Mutex mu_;
+  // Layouts and limits do not change while a server runs.
+  mutable std::optional<v1::ServerInfo> info_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvkeep::client
+
+#endif  // KVKEEP_SERVICES_CLIENT_CONNECTION_H_
