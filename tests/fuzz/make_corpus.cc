@@ -106,7 +106,8 @@ void ServiceSeeds() {
     kCompress,
     kTables,
     kReadKv,
-    kMapPool
+    kMapPool,
+    kTransfer
   };
   const std::string t = "service_fuzz";
   Write(t, "info_list",
@@ -196,6 +197,21 @@ void ServiceSeeds() {
     m.set_session_id("$");
     s += FrameBytes(kMapPool, Str(m));
     Write(t, "bf16_pyramid_mappool", s);
+  }
+  {  // a transfer (to nowhere, service_fuzz.cc), then the session again
+    v1::TransferSessionRequest x;
+    x.set_session_id("$");
+    x.set_target("127.0.0.1:1");
+    x.set_transport("tcp");
+    x.set_transfer_id("x1");
+    v1::GetSessionStatsRequest stats;
+    stats.set_session_id("$");
+    std::string s = FrameBytes(kAppend, Str(Append("$", 0, 3))) +
+                    FrameBytes(kTransfer, Str(x));
+    x.set_transport("auto");
+    s += FrameBytes(kTransfer, Str(x)) + FrameBytes(kStats, Str(stats)) +
+         FrameBytes(kAppend, Str(Append("$", 3, 1)));
+    Write(t, "transfer_nowhere", s);
   }
   {  // ids that name nothing, or nothing at all
     v1::CloseSessionRequest close;

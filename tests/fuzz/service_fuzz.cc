@@ -9,7 +9,9 @@
 // CreateSession made). After the input every session is closed and the
 // pools must have every page back.
 //
-// TransferSession is left out: it dials the target it is given.
+// TransferSession dials its target: a target that is not empty becomes a
+// unix socket that does not exist, so the call goes through its checks,
+// freezes the session, fails to connect and thaws it, all at once.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -37,10 +39,12 @@ enum Method : uint8_t {
   kGetBlockTables,
   kReadKv,
   kMapPool,
+  kTransferSession,
   kMethods
 };
 
 constexpr char kThisSession[] = "$";
+constexpr char kNowhere[] = "unix:/nonexistent/kvkeep-fuzz-target";
 
 class Script {
  public:
@@ -166,6 +170,16 @@ class Script {
         v1::MapPoolResponse resp;
         Call<v1::MapPoolRequest>(bytes, "MapPool", &v1::KvKeep::Stub::MapPool,
                                  resp);
+        break;
+      }
+      case kTransferSession: {
+        v1::TransferSessionRequest req;
+        if (!Parse(bytes, req)) return;
+        if (!req.target().empty()) req.set_target(kNowhere);
+        std::unique_ptr<grpc::ClientContext> ctx = Context();
+        v1::TransferSessionResponse resp;
+        Check(stub_.TransferSession(ctx.get(), req, &resp), "TransferSession");
+        if (!resp.session_id().empty()) Fail("a transfer to nowhere succeeded");
         break;
       }
       case kReadKv: {
