@@ -65,7 +65,7 @@ void TargetSide(const std::vector<Frame>& frames, uint64_t input) {
   std::string wire;
   for (size_t i = 1; i < frames.size(); ++i) wire.append(frames[i].bytes);
 
-  testing::TestServer& server = Server(/*data_socket=*/true);
+  testing::TestServer& server = Server({.data_socket = true});
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
@@ -142,6 +142,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   TargetSide(Frames(data + 1, size - 1), ++inputs);
-  ExpectStoreEmpty(Server(/*data_socket=*/true).store());
+  ExpectStoreEmpty(Server({.data_socket = true}).store());
   return 0;
 }

@@ -30,15 +30,18 @@ ModelLayout FuzzBf16Layout() {
   return l;
 }
 
-testing::TestServer& Server(bool data_socket) {
+testing::TestServer& Server(ServerKind kind) {
   // Never destroyed: a fuzz target ends with exit(), and a gRPC server torn
   // down from a static destructor races gRPC's own shutdown.
-  static testing::TestServer* const server = [data_socket] {
+  static testing::TestServer* const server = [kind] {
     ServerConfig config =
         testing::TestServerConfig({PoolSpec{FuzzLayout(), kFuzzPoolPages},
                                    PoolSpec{FuzzBf16Layout(), kFuzzPoolPages}});
     config.share_pools = true;  // MapPool answers (host pools in /dev/shm)
-    if (data_socket) config.transfer_listen = "127.0.0.1:0";
+    if (kind.data_socket) config.transfer_listen = "127.0.0.1:0";
+    if (kind.tenants) {
+      config.tenants = {{"alice", kAliceToken}, {"bob", kBobToken}};
+    }
     absl::StatusOr<std::unique_ptr<testing::TestServer>> started =
         testing::TestServer::Start(config);
     if (!started.ok()) Fail(started.status().ToString());

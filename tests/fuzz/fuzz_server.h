@@ -26,11 +26,19 @@ ModelLayout FuzzLayout();
 ModelLayout FuzzBf16Layout();
 constexpr int64_t kFuzzPoolPages = 48;
 
+// What a target's server has beside the pools: tenants "alice" and "bob"
+// (tokens kAliceToken, kBobToken), or none; a data socket on loopback.
+struct ServerKind {
+  bool tenants = false;
+  bool data_socket = false;
+};
+constexpr char kAliceToken[] = "alice-token";
+constexpr char kBobToken[] = "bob-token";
+
 // The process's server, started on first use and never destroyed (a fuzz
-// target exits without tearing down gRPC): no tenants, no /metrics, pools
-// shared (MapPool); a data socket on loopback when `data_socket`. A target asks
-// for one kind only.
-testing::TestServer& Server(bool data_socket = false);
+// target exits without tearing down gRPC): `kind`, no /metrics, pools
+// shared (MapPool). A target asks for one kind only.
+testing::TestServer& Server(ServerKind kind = {});
 
 // A fuzz input as messages: each frame is a kind byte, a little-endian u16
 // length and that many bytes (the last frame takes what is left). The

@@ -213,6 +213,27 @@ void ServiceSeeds() {
          FrameBytes(kAppend, Str(Append("$", 3, 1)));
     Write(t, "transfer_nowhere", s);
   }
+  {  // other callers (service_fuzz.cc): bob, nobody, a malformed token
+    auto as = [](int caller, uint8_t method) {
+      return static_cast<uint8_t>(caller * (kTransfer + 1) + method);
+    };
+    v1::GetSessionStatsRequest stats;
+    stats.set_session_id("$");
+    v1::DecodeStep step;
+    step.set_session_id("$");
+    *step.mutable_append() = Append("", 0, 1);
+    v1::CreateSessionRequest c;
+    c.set_layout("fuzz");
+    c.mutable_budget()->set_tokens(4);
+    Write(t, "other_callers",
+          FrameBytes(as(1, kStats), Str(stats)) +
+              FrameBytes(as(1, kDecode), Str(step)) +
+              FrameBytes(as(2, kStats), Str(stats)) +
+              FrameBytes(as(3, kList), "") + FrameBytes(as(4, kInfo), "") +
+              FrameBytes(as(1, kCreate), Str(c)) +
+              FrameBytes(as(0, kStats), Str(stats)) +
+              FrameBytes(as(1, kList), ""));
+  }
   {  // ids that name nothing, or nothing at all
     v1::CloseSessionRequest close;
     close.set_session_id("0123456789abcdef");

@@ -2,12 +2,15 @@
 // receive_session_fuzz and the note below) through a real in-process
 // kvkeepd: the input is a script of calls, each frame a method (its kind)
 // and the request's bytes, run in order against a fresh session of the
-// "fuzz" layout. The requests reach the store through the service's own
-// handlers (authenticate, convert, validate, map the status), as a client's
-// would; consecutive AppendPrefill or Decode frames share one stream. A
-// session_id of "$" names the input's session (the one the last successful
-// CreateSession made). After the input every session is closed and the
-// pools must have every page back.
+// "fuzz" layout, on a store with two tenants. The requests reach the store
+// through the service's own handlers (authenticate, authorize, convert,
+// validate, map the status), as a client's would; consecutive AppendPrefill
+// or Decode frames of the same kind share one stream. The kind's quotient
+// by the number of methods says who calls: 0 alice (who owns the input's
+// session), 1 bob, 2 nobody (no token), 3 a malformed authorization, more
+// an unknown token. A session_id of "$" names the input's session (the one
+// the last successful CreateSession made). After the input every session is
+// closed and the pools must have every page back.
 //
 // TransferSession dials its target: a target that is not empty becomes a
 // unix socket that does not exist, so the call goes through its checks,
@@ -64,14 +67,15 @@ class Script {
       const auto method = static_cast<Method>(frames[i].kind % kMethods);
       if (method == kAppendPrefill || method == kDecode) {
         size_t end = i;
-        while (end < frames.size() &&
-               frames[end].kind % kMethods == frames[i].kind % kMethods) {
+        while (end < frames.size() && frames[end].kind == frames[i].kind) {
           ++end;
         }
         std::vector<Frame> stream(frames.begin() + i, frames.begin() + end);
+        caller_ = frames[i].kind / kMethods;
         method == kDecode ? Decode(stream) : AppendPrefill(stream);
         i = end;
       } else {
+        caller_ = frames[i].kind / kMethods;
         Unary(method, frames[i].bytes);
         ++i;
       }
@@ -79,11 +83,28 @@ class Script {
   }
 
  private:
-  // Far longer than any call takes: a call that runs out hung.
-  static std::unique_ptr<grpc::ClientContext> Context() {
+  // A call by caller_, with a deadline far longer than any call takes: a
+  // call that runs out hung.
+  std::unique_ptr<grpc::ClientContext> Context() const {
     auto ctx = std::make_unique<grpc::ClientContext>();
     ctx->set_deadline(std::chrono::system_clock::now() +
                       std::chrono::seconds(10));
+    switch (caller_) {
+      case 0:
+        ctx->AddMetadata("authorization", absl::StrCat("Bearer ", kAliceToken));
+        break;
+      case 1:
+        ctx->AddMetadata("authorization", absl::StrCat("Bearer ", kBobToken));
+        break;
+      case 2:
+        break;
+      case 3:
+        ctx->AddMetadata("authorization", kAliceToken);
+        break;
+      default:
+        ctx->AddMetadata("authorization", "Bearer nobody");
+        break;
+    }
     return ctx;
   }
 
@@ -233,6 +254,7 @@ class Script {
 
   v1::KvKeep::Stub& stub_;
   std::string session_;
+  int caller_ = 0;  // the current frame's (above)
 };
 
 }  // namespace
@@ -240,7 +262,7 @@ class Script {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace kvkeep::fuzz;
-  kvkeep::testing::TestServer& server = Server();
+  kvkeep::testing::TestServer& server = Server({.tenants = true});
   Script(server.stub()).Run(Frames(data, size));
   ExpectStoreEmpty(server.store());
   return 0;
