@@ -16,14 +16,15 @@ class NcclLink {};  // never made: nothing here can use NCCL
 #endif
 
 namespace kvkeep {
+
+#if defined(KVKEEP_HAVE_NCCL)
+
 namespace {
 
 // Slots per NCCL send: whole runs of about this many bytes (keys + values).
 constexpr int64_t kChunkBytes = int64_t{64} << 20;
 
 }  // namespace
-
-#if defined(KVKEEP_HAVE_NCCL)
 
 class NcclTransport::Channel final : public NcclChannel {
  public:
