@@ -423,10 +423,9 @@ TEST_F(KvkeepdProcessTest, ADefaultPolicyTypoStopsStartUp) {
 // kvkeepd start and serve. A quota that cannot hold one token of a layout
 // is a configuration error (exit 2) naming the key.
 TEST_F(KvkeepdProcessTest, ASmallTenantQuotaDoesNotStopTheSelfCheck) {
-  absl::StatusOr<Started> kvkeepd =
-      StartKvkeepd({"--self_check=true", "--pool_pages=1024",
-                    "--max_bytes_per_tenant=4096",
-                    "--max_sessions_per_tenant=1"});
+  absl::StatusOr<Started> kvkeepd = StartKvkeepd(
+      {"--self_check=true", "--pool_pages=1024", "--max_bytes_per_tenant=4096",
+       "--max_sessions_per_tenant=1"});
   ASSERT_TRUE(kvkeepd.ok()) << kvkeepd.status();
   EXPECT_TRUE(kvkeepd->child->out()
                   .WaitFor("kvkeepd: self-check: ", kPatience)
