@@ -23,8 +23,13 @@
 // the session moves over NCCL; the baseline is cudaMemcpyPeer of the same
 // bytes between the two devices in the same run (the link's measured peak).
 //
+// --tls=CERT,KEY (PEM files of a certificate for 127.0.0.1): both stores
+// serve TLS with it and trust it as their peers' CA, as two TLS stores do
+// (docs/security.md): they have no data socket, so only "host" runs, over
+// the encrypted store-to-store channel. Compare with a plaintext run.
+//
 //   build/bin/transfer_bench [GIB] [--cold] [--nccl] [--transports=tcp,host]
-//                            [--rounds=5]
+//                            [--rounds=5] [--tls=CERT,KEY]
 #include <arpa/inet.h>
 #include <malloc.h>
 #include <netinet/in.h>
@@ -48,6 +53,7 @@
 #include "cache_store/cache_store.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
 #include "services/kvkeepd/kvkeep_server.h"
 
 #if defined(KVKEEP_HAVE_CUDA)
@@ -74,14 +80,22 @@ ModelLayout Layout() {
 // A kvkeepd (KvKeepServer) on 127.0.0.1 with its data socket.
 class Server {
  public:
-  Server(int64_t pages, Device device) {
+  // With `tls` (certificate and key files), TLS as docs/security.md says.
+  Server(int64_t pages, Device device,
+         const std::vector<std::string>& tls = {}) {
     ServerConfig config;
+    if (tls.size() == 2) {
+      config.tls.cert_file = tls[0];
+      config.tls.key_file = tls[1];
+      config.peers.ca_file = tls[0];
+    }
     config.listen = "127.0.0.1:0";
     config.metrics_listen = "off";
-    config.transfer_listen = "127.0.0.1:0";
+    config.transfer_listen = tls.empty() ? "127.0.0.1:0" : "";
     config.pools.push_back(PoolSpec{Layout(), pages});
     config.device = device.name();
     config.max_message_bytes = kMessageBytes;
+    config.peers.token = "transfer-bench-peer-token";
     absl::StatusOr<std::unique_ptr<KvKeepServer>> server =
         KvKeepServer::Start(config);
     if (!server.ok()) {
@@ -200,9 +214,13 @@ int Main(int argc, char** argv) {
   bool nccl = false;
   std::vector<std::string> transports = {"tcp", "host"};
   int rounds = 5;
+  std::vector<std::string> tls;  // certificate and key files
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--cold") {
+    if (absl::StartsWith(arg, "--tls=")) {
+      tls = absl::StrSplit(arg.substr(6), ',');
+      transports = {"host"};
+    } else if (arg == "--cold") {
       cold = true;
     } else if (arg == "--nccl") {
       nccl = true;
@@ -228,8 +246,19 @@ int Main(int argc, char** argv) {
                          (2 * token_bytes * layout.num_layers);
   const int64_t pages = (tokens + layout.page_tokens - 1) / layout.page_tokens *
                         layout.num_layers;
-  Server source(pages, nccl ? Device{Device::Kind::kCuda, 0} : Device{});
-  Server target(pages, nccl ? Device{Device::Kind::kCuda, 1} : Device{});
+  if (!tls.empty() && tls.size() != 2) {
+    std::fprintf(stderr, "--tls=CERT,KEY names two files\n");
+    return 2;
+  }
+  Server source(pages, nccl ? Device{Device::Kind::kCuda, 0} : Device{}, tls);
+  Server target(pages, nccl ? Device{Device::Kind::kCuda, 1} : Device{}, tls);
+  std::shared_ptr<grpc::ChannelCredentials> credentials =
+      grpc::InsecureChannelCredentials();
+  if (!tls.empty()) {
+    grpc::SslCredentialsOptions trust;
+    trust.pem_root_certs = ReadConfigFile(tls[0]).value_or("");
+    credentials = grpc::SslCredentials(trust);
+  }
 
   SessionSpec spec{"big", {"full", {}}, {}};
   std::mt19937 rng(1);
@@ -311,8 +340,8 @@ int Main(int argc, char** argv) {
     for (const std::string& transport : transports) {
       grpc::ChannelArguments args;
       args.SetMaxReceiveMessageSize(kMessageBytes);
-      auto stub = v1::KvKeep::NewStub(grpc::CreateCustomChannel(
-          from->address(), grpc::InsecureChannelCredentials(), args));
+      auto stub = v1::KvKeep::NewStub(
+          grpc::CreateCustomChannel(from->address(), credentials, args));
       grpc::ClientContext ctx;
       v1::TransferSessionRequest request;
       request.set_session_id(SessionName(id));
@@ -351,8 +380,9 @@ int Main(int argc, char** argv) {
     for (const std::vector<Run>& r : runs) v.push_back(of(r[i]));
     return v;
   };
-  std::printf("\nmedians over %d rounds (%s target pool at first):\n", rounds,
-              cold ? "cold" : "warm");
+  std::printf("\nmedians over %d rounds (%s target pool at first%s):\n", rounds,
+              cold ? "cold" : "warm",
+              tls.empty() ? "" : "; TLS between the stores");
   for (size_t b = 0; b < baseline_names.size(); ++b) {
     const double sec =
         median(column(baselines, b, [](const Run& r) { return r.seconds; }));

@@ -96,11 +96,13 @@ absl::StatusOr<std::shared_ptr<PageQuota>> CacheStore::Admit(
                      options_.max_sessions, " sessions"));
   }
   Tenant& tenant = tenants_[tenant_name];
+  const bool limited = options_.unlimited_tenant.empty() ||
+                       tenant_name != options_.unlimited_tenant;
   if (tenant.quota == nullptr) {
-    tenant.quota =
-        std::make_shared<PageQuota>(tenant_name, options_.max_bytes_per_tenant);
+    tenant.quota = std::make_shared<PageQuota>(
+        tenant_name, limited ? options_.max_bytes_per_tenant : 0);
   }
-  if (options_.max_sessions_per_tenant > 0 &&
+  if (limited && options_.max_sessions_per_tenant > 0 &&
       tenant.sessions >= options_.max_sessions_per_tenant) {
     tenant.quota->CountRejection();
     return absl::ResourceExhaustedError(

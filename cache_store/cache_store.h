@@ -41,6 +41,9 @@ struct StoreOptions {
   int64_t max_sessions = 1 << 16;
   int64_t max_sessions_per_tenant = 0;  // 0: no limit
   int64_t max_bytes_per_tenant = 0;     // pages held, in bytes; 0: no limit
+  // A tenant the two per-tenant limits do not apply to (kvkeepd's start-up
+  // self-check, which must not fail on a small quota); empty: none.
+  std::string unlimited_tenant;
   // Told about sessions and their work (see StoreObserver); not owned, must
   // outlive the store. Null: nobody is told.
   StoreObserver* observer = nullptr;

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "services/metrics/rpc_metrics.h"
@@ -39,6 +40,31 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(
   return grpc::SslServerCredentials(options);
 }
 
+// How this store calls other stores' ReceiveSession: TLS (presenting its
+// own certificate, checking theirs against peers.ca_file, else
+// tls.client_ca_file, else the system's roots) on a store with TLS;
+// plaintext otherwise.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> PeerCredentials(
+    const ServerConfig& config) {
+  if (config.tls.cert_file.empty()) return nullptr;
+  grpc::SslCredentialsOptions options;
+  for (const std::string* ca :
+       {&config.peers.ca_file, &config.tls.client_ca_file}) {
+    if (ca->empty()) continue;
+    absl::StatusOr<std::string> pem = ReadConfigFile(*ca);
+    if (!pem.ok()) return pem.status();
+    options.pem_root_certs = *std::move(pem);
+    break;
+  }
+  absl::StatusOr<std::string> cert = ReadConfigFile(config.tls.cert_file);
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadConfigFile(config.tls.key_file);
+  if (!key.ok()) return key.status();
+  options.pem_cert_chain = *std::move(cert);
+  options.pem_private_key = *std::move(key);
+  return grpc::SslCredentials(options);
+}
+
 std::string BoundAddress(const std::string& listen, int port) {
   const size_t colon = listen.rfind(':');
   return absl::StrCat(listen.substr(0, colon), ":", port);
@@ -56,6 +82,7 @@ StoreOptions StoreOptionsFor(const ServerConfig& config, const Device& device,
   options.max_sessions = config.max_sessions;
   options.max_sessions_per_tenant = config.max_sessions_per_tenant;
   options.max_bytes_per_tenant = config.max_bytes_per_tenant;
+  options.unlimited_tenant = kSelfCheckTenant;
   return options;
 }
 
@@ -70,6 +97,8 @@ ServiceOptions ServiceOptionsFor(const ServerConfig& config,
   options.max_message_bytes = config.max_message_bytes;
   options.log_events = config.log_events;
   options.backend = device.name();
+  options.peer_identities = config.peers.identities;
+  options.plaintext_data = config.tls.cert_file.empty();
   return options;
 }
 
@@ -81,6 +110,16 @@ absl::StatusOr<std::unique_ptr<KvKeepServer>> KvKeepServer::Start(
 }
 
 absl::Status KvKeepServer::Build(ServerHooks& hooks) {
+  if (absl::Status s = ValidateConfig(config_); !s.ok()) return s;
+  absl::StatusOr<std::string> peer_token = PeerToken(config_);
+  if (!peer_token.ok()) {
+    return absl::InvalidArgumentError(peer_token.status().message());
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> peer_credentials =
+      PeerCredentials(config_);
+  if (!peer_credentials.ok()) {
+    return absl::InvalidArgumentError(peer_credentials.status().message());
+  }
   absl::StatusOr<Device> device = ResolveDevice(config_.device);
   if (!device.ok()) {
     return absl::InvalidArgumentError(
@@ -106,6 +145,8 @@ absl::Status KvKeepServer::Build(ServerHooks& hooks) {
     service = hooks.stand_in(*store_);
   } else {
     ServiceOptions options = ServiceOptionsFor(config_, device_);
+    options.peer_token = *std::move(peer_token);
+    options.peer_credentials = *std::move(peer_credentials);
     options.on_transfer =
         [m = transfer_metrics_.get()](const TransferReport& r) {
           m->Record(std::string(TransportName(r.transport)), r.outgoing, r.code,

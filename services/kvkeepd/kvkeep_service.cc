@@ -38,6 +38,16 @@ std::string LogValue(absl::string_view s) {
                       s.size() > kMax ? "..." : "", "\"");
 }
 
+// Whether a == b, in a time that does not depend on where they differ.
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  }
+  return diff == 0;
+}
+
 }  // namespace
 
 namespace {
@@ -49,6 +59,9 @@ TransferOptions TransferOptionsOf(const ServiceOptions& options) {
   t.on_transfer = options.on_transfer;
   t.tcp = options.tcp;
   t.wrap_sender = options.wrap_transfer_sender;
+  t.peer_token = options.peer_token;
+  t.peer_credentials = options.peer_credentials;
+  t.plaintext_data = options.plaintext_data;
   return t;
 }
 
@@ -62,8 +75,58 @@ KvKeepService::KvKeepService(CacheStore* store, ServiceOptions options)
   MarkMethodRawCallback(
       ReceiveSessionMethodIndex(),
       RawReceiveSessionHandler([this](grpc::CallbackServerContext* ctx) {
+        if (absl::Status peer = AuthenticatePeer(*ctx); !peer.ok()) {
+          LogEvent("error", absl::StrCat("method=ReceiveSession code=",
+                                         absl::StatusCodeToString(peer.code()),
+                                         " message=", Quote(peer.message())));
+          return transfers_.Receive(ctx, peer);
+        }
         return transfers_.Receive(ctx, Authenticate(*ctx));
       }));
+}
+
+absl::Status KvKeepService::AuthenticatePeer(
+    const grpc::CallbackServerContext& ctx) const {
+  if (options_.peer_token.empty() && options_.peer_identities.empty()) {
+    return absl::PermissionDeniedError(
+        "this store takes no session transfers: no peers are configured "
+        "(peers.token or peers.identities, docs/security.md)");
+  }
+  if (!options_.peer_identities.empty()) {
+    const std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
+    if (auth != nullptr && auth->IsPeerAuthenticated()) {
+      for (const char* property :
+           {"x509_subject_alternative_name", "x509_common_name"}) {
+        for (const grpc::string_ref& name :
+             auth->FindPropertyValues(property)) {
+          const absl::string_view n(name.data(), name.size());
+          if (std::find(options_.peer_identities.begin(),
+                        options_.peer_identities.end(),
+                        n) != options_.peer_identities.end()) {
+            return absl::OkStatus();
+          }
+        }
+      }
+    }
+  }
+  if (options_.peer_token.empty()) {
+    return absl::UnauthenticatedError(
+        "ReceiveSession is for other kvkeep stores: this store takes only "
+        "peers whose client certificate names one of peers.identities");
+  }
+  const auto& metadata = ctx.client_metadata();
+  auto it = metadata.find(kPeerTokenMetadata);
+  if (it == metadata.end()) {
+    return absl::UnauthenticatedError(
+        "ReceiveSession is for other kvkeep stores: send the store's peer "
+        "token as metadata 'kvkeep-peer-token' (peers.token)");
+  }
+  if (!ConstantTimeEquals(
+          absl::string_view(it->second.data(), it->second.size()),
+          options_.peer_token)) {
+    return absl::UnauthenticatedError("wrong peer token");
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> KvKeepService::Authenticate(

@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cache_store/cache_store.h"
+#include "grpcpp/security/credentials.h"
 #include "kvkeep/v1/kvkeep.grpc.pb.h"
 #include "services/transfer/page_transport.h"
 #include "services/transfer/session_state.h"
@@ -45,6 +46,18 @@ struct ServiceOptions {
   // Wraps each outgoing transfer's page sender (TransferOptions::
   // wrap_sender: tests and kvkeepd_testing inject faulty transports).
   PageSenderWrapper wrap_transfer_sender;
+  // Who may call ReceiveSession (docs/security.md): a caller sending this
+  // token as 'kvkeep-peer-token', or presenting a verified client
+  // certificate that names one of `peer_identities`. Neither set: nobody.
+  // This store also sends the token on the transfers it makes.
+  std::string peer_token;
+  std::vector<std::string> peer_identities;
+  // How this store calls other stores' ReceiveSession: TLS with its own
+  // certificate on a store with TLS; null: plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> peer_credentials;
+  // Whether outgoing transfers may use the plaintext data socket (not from
+  // a store with TLS).
+  bool plaintext_data = true;
 };
 
 class KvKeepService final : public v1::KvKeep::CallbackService {
@@ -104,6 +117,10 @@ class KvKeepService final : public v1::KvKeep::CallbackService {
   // INVALID_ARGUMENT (malformed id), NOT_FOUND, PERMISSION_DENIED.
   absl::StatusOr<SessionId> Authorize(const std::string& tenant,
                                       const std::string& session_id) const;
+  // That the caller of ReceiveSession is a configured peer (the peer token,
+  // or a client certificate's name): UNAUTHENTICATED without valid peer
+  // credentials, PERMISSION_DENIED where no peer is configured.
+  absl::Status AuthenticatePeer(const grpc::CallbackServerContext& ctx) const;
   // Authenticate, then Authorize: the session a unary call names.
   absl::StatusOr<SessionId> CallerSession(
       const grpc::CallbackServerContext& ctx,

@@ -69,6 +69,11 @@ ABSL_FLAG(bool, share_pools, false,
 ABSL_FLAG(std::string, transfer_listen, "",
           "data socket for incoming session transfers' pages, host:port "
           "(default: --listen's host, any free port); off: none");
+ABSL_FLAG(std::string, peer_token_file, "",
+          "file holding the peer token other stores send this one's "
+          "ReceiveSession and this one sends them (docs/security.md)");
+ABSL_FLAG(std::string, peer_ca, "",
+          "PEM CA of the other stores' server certificates (with TLS)");
 ABSL_FLAG(bool, exit_after_start, false,
           "exit 0 once serving has started (a smoke test of the start-up)");
 
@@ -115,6 +120,8 @@ absl::StatusOr<ServerConfig> LoadConfig() {
   set_string(FLAGS_device, config.device);
   if (absl::GetFlag(FLAGS_share_pools)) config.share_pools = true;
   set_string(FLAGS_transfer_listen, config.transfer_listen);
+  set_string(FLAGS_peer_token_file, config.peers.token_file);
+  set_string(FLAGS_peer_ca, config.peers.ca_file);
   if (!config.tenants_file.empty()) {
     absl::StatusOr<std::string> text = ReadConfigFile(config.tenants_file);
     if (!text.ok()) return text.status();
@@ -144,7 +151,7 @@ absl::Status SelfCheck(CacheStore& store) {
   spec.layout = layout.name;
   spec.policy = {"h2o", {{"sinks", "4"}, {"recent", "32"}, {"slack", "16"}}};
   spec.budget.tokens = 128;
-  spec.tenant = "kvkeepd-self-check";
+  spec.tenant = kSelfCheckTenant;  // outside the per-tenant limits
   absl::StatusOr<SessionId> id = store.CreateSession(spec);
   if (!id.ok()) return id.status();
   std::mt19937 rng(7);

@@ -4,9 +4,11 @@
 #include <set>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "nlohmann/json.hpp"
 
 namespace kvkeep {
@@ -112,6 +114,11 @@ absl::StatusOr<std::vector<TenantToken>> ParseTenants(const Json& j) {
       return absl::InvalidArgumentError(
           absl::StrCat("config: ", where, " needs a name and a token"));
     }
+    if (tenant.tenant == kSelfCheckTenant) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config: ", where, ": the name '", kSelfCheckTenant,
+                       "' is kvkeepd's own (its start-up self-check)"));
+    }
     for (const TenantToken& other : tenants) {
       if (other.token == tenant.token) {
         return absl::InvalidArgumentError(
@@ -163,11 +170,71 @@ ServerConfig DefaultConfig() {
 std::string TransferListenAddress(const ServerConfig& config) {
   if (config.transfer_listen == "off") return "";
   if (!config.transfer_listen.empty()) return config.transfer_listen;
+  if (!config.tls.cert_file.empty()) return "";  // plaintext: not with TLS
   const size_t colon = config.listen.rfind(':');
   if (absl::StartsWith(config.listen, "unix:") || colon == std::string::npos) {
     return "";
   }
   return config.listen.substr(0, colon) + ":0";
+}
+
+absl::Status ValidateConfig(const ServerConfig& config) {
+  if (config.max_sessions < 1) {
+    return absl::InvalidArgumentError("limits.max_sessions must be >= 1");
+  }
+  if (config.max_sessions_per_tenant < 0) {
+    return absl::InvalidArgumentError(
+        "limits.max_sessions_per_tenant must be >= 0 (0: no limit)");
+  }
+  if (config.max_bytes_per_tenant < 0) {
+    return absl::InvalidArgumentError(
+        "limits.max_bytes_per_tenant must be >= 0 (0: no limit)");
+  }
+  for (const PoolSpec& pool : config.pools) {
+    const ModelLayout& l = pool.layout;
+    const int64_t one_token = l.num_layers * l.page_layout().page_bytes();
+    if (config.max_bytes_per_tenant > 0 &&
+        config.max_bytes_per_tenant < one_token) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "limits.max_bytes_per_tenant (", config.max_bytes_per_tenant,
+          " bytes) cannot hold one token of layout '", l.name, "' (",
+          l.num_layers, " layers x one ", l.page_layout().page_bytes(),
+          "-byte page = ", one_token, " bytes): no session could be used"));
+    }
+  }
+  if (!config.tls.cert_file.empty() && !config.transfer_listen.empty() &&
+      config.transfer_listen != "off") {
+    return absl::InvalidArgumentError(
+        "transfer_listen: the data socket is plaintext, and this store has "
+        "TLS: its transfers move their pages encrypted on the gRPC stream "
+        "(leave transfer_listen unset, or \"off\")");
+  }
+  if (!config.peers.identities.empty() && config.tls.client_ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "peers.identities needs tls.client_ca_file (the CA that verifies the "
+        "peers' client certificates)");
+  }
+  if (!config.peers.token.empty() && config.peers.token.size() < 16) {
+    return absl::InvalidArgumentError(
+        "peers.token must be at least 16 characters");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> PeerToken(const ServerConfig& config) {
+  if (config.peers.token_file.empty()) return config.peers.token;
+  absl::StatusOr<std::string> text = ReadConfigFile(config.peers.token_file);
+  if (!text.ok()) {
+    return absl::NotFoundError(
+        absl::StrCat("peers.token_file: ", text.status().message()));
+  }
+  const std::string token(absl::StripAsciiWhitespace(*text));
+  if (token.size() < 16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "peers.token_file: the token in '", config.peers.token_file,
+        "' must be at least 16 characters"));
+  }
+  return token;
 }
 
 absl::Status ApplyConfigJson(absl::string_view text, ServerConfig& config) {
@@ -178,8 +245,8 @@ absl::Status ApplyConfigJson(absl::string_view text, ServerConfig& config) {
       CheckKeys(j, "the config",
                 {"listen", "metrics_listen", "metrics_session_series",
                  "layouts", "default_policy", "limits", "tenants",
-                 "tenants_file", "tls", "drain_seconds", "log_events", "device",
-                 "share_pools", "transfer_listen"}));
+                 "tenants_file", "tls", "peers", "drain_seconds", "log_events",
+                 "device", "share_pools", "transfer_listen"}));
   KVKEEP_RETURN_IF_ERROR(Read(j, "metrics_session_series", "config",
                               config.metrics_session_series));
   if (config.metrics_session_series < 0) {
@@ -237,6 +304,16 @@ absl::Status ApplyConfigJson(absl::string_view text, ServerConfig& config) {
     absl::StatusOr<std::vector<TenantToken>> tenants = ParseTenants(*it);
     if (!tenants.ok()) return tenants.status();
     config.tenants = *std::move(tenants);
+  }
+  if (auto it = j.find("peers"); it != j.end()) {
+    KVKEEP_RETURN_IF_ERROR(CheckKeys(
+        *it, "peers", {"token", "token_file", "identities", "ca_file"}));
+    KVKEEP_RETURN_IF_ERROR(Read(*it, "token", "peers", config.peers.token));
+    KVKEEP_RETURN_IF_ERROR(
+        Read(*it, "token_file", "peers", config.peers.token_file));
+    KVKEEP_RETURN_IF_ERROR(
+        Read(*it, "identities", "peers", config.peers.identities));
+    KVKEEP_RETURN_IF_ERROR(Read(*it, "ca_file", "peers", config.peers.ca_file));
   }
   if (auto it = j.find("tls"); it != j.end()) {
     KVKEEP_RETURN_IF_ERROR(

@@ -25,6 +25,32 @@ struct TlsConfig {
   std::string client_ca_file;  // PEM CA; set: clients must present a cert
 };
 
+// The other stores that may send sessions here (ReceiveSession), and how
+// this store proves itself when it sends (docs/security.md). A store with
+// neither a token nor identities takes no transfers.
+struct PeerConfig {
+  // The fleet's shared secret: sent as the metadata 'kvkeep-peer-token' on
+  // every ReceiveSession this store calls, and required on those it serves
+  // (at least 16 characters).
+  std::string token;
+  // A file holding it (e.g. a mounted Kubernetes Secret; surrounding
+  // whitespace is dropped); when set, it replaces `token`.
+  std::string token_file;
+  // With tls.client_ca_file: callers whose verified client certificate
+  // names one of these (a subject alternative name, or the common name)
+  // may call ReceiveSession without the token.
+  std::vector<std::string> identities;
+  // PEM CA that signed the other stores' server certificates, which this
+  // store checks when it sends to them (it has TLS); empty: the CA in
+  // tls.client_ca_file, else the system's roots.
+  std::string ca_file;
+};
+
+// The tenant of kvkeepd's start-up self-check session: the per-tenant
+// limits do not apply to it (StoreOptions::unlimited_tenant), and no
+// configured tenant may be called so.
+inline constexpr char kSelfCheckTenant[] = "kvkeepd-self-check";
+
 struct ServerConfig {
   std::string listen = "127.0.0.1:50051";
   // The /metrics HTTP endpoint, "host:port"; "off": none (the registry and
@@ -44,6 +70,7 @@ struct ServerConfig {
   // opened; the rest are counted in the totals).
   int64_t metrics_session_series = 1000;
   TlsConfig tls;
+  PeerConfig peers;
   double drain_seconds = 10;  // graceful shutdown deadline
   bool log_events = false;    // one line per session create/close and error
   // Where the pools live: "host", "auto" (the first GPU if there is one),
@@ -55,7 +82,8 @@ struct ServerConfig {
   bool share_pools = false;
   // The data socket incoming session transfers may send their pages over
   // (the tcp transport, docs/transfer.md): "host:port"; empty: listen's
-  // host, any free port; "off": none (pages then come in chunk messages).
+  // host, any free port, or none on a store with TLS (the socket is
+  // plaintext); "off": none (pages then come in chunk messages).
   std::string transfer_listen;
 };
 
@@ -65,6 +93,17 @@ absl::StatusOr<std::string> ReadConfigFile(const std::string& path);
 
 // Where the data socket listens for `config` ("" for none).
 std::string TransferListenAddress(const ServerConfig& config);
+
+// What no single key's parse can see, checked before a server is built:
+// counts below one, a max_bytes_per_tenant that cannot hold one token of a
+// layout (one page per layer), a data socket on a TLS store, peer
+// identities without a client CA, a short peer token. INVALID_ARGUMENT
+// naming the key.
+absl::Status ValidateConfig(const ServerConfig& config);
+
+// The peer token `config` gives (peers.token_file read and trimmed, else
+// peers.token): NOT_FOUND naming an unreadable file.
+absl::StatusOr<std::string> PeerToken(const ServerConfig& config);
 
 // The embedded default: one small Llama-like "demo" layout (8 layers, 8 kv /
 // 32 query heads, head_dim 128, bf16, 16-token pages) on a 4096-page host

@@ -307,15 +307,23 @@ class ReceiveReactor final
     if (transfer_id_.empty()) {
       return absl::InvalidArgumentError("a transfer needs a transfer_id");
     }
-    if (log_->Contains(transfer_id_)) {  // a retry of a committed transfer
-      return Reply(v1::TransferReply::COMMITTED);
-    }
     absl::StatusOr<SessionSnapshot> snapshot = StateFromProto(message.header());
     if (!snapshot.ok()) return snapshot.status();
+    // The session's owner here is a tenant this store knows: with tenants,
+    // the one the caller's token names, which must be the session's; without,
+    // the one anonymous tenant every caller is (the header's name is the
+    // source's, and means nothing here).
     if (tenants_configured_ && snapshot->tenant != tenant_) {
       return absl::PermissionDeniedError(
-          absl::StrCat("the session belongs to tenant '", snapshot->tenant,
-                       "'; this token is tenant '", tenant_, "'s"));
+          absl::StrCat("the session belongs to another tenant than the "
+                       "target token's ('",
+                       tenant_, "')"));
+    }
+    snapshot->tenant = tenant_;
+    // Only after the tenant check: a stranger learns nothing of others'
+    // transfers.
+    if (log_->Contains(transfer_id_)) {  // a retry of a committed transfer
+      return Reply(v1::TransferReply::COMMITTED);
     }
     for (const LayoutStats& l : store_->Layouts()) {
       if (l.layout.name == snapshot->layout) {

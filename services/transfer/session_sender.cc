@@ -137,8 +137,12 @@ std::shared_ptr<TransferCall> StartCall(
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
   args.SetInt(GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 16 << 20);
   *stub = std::make_unique<grpc::GenericStub>(grpc::CreateCustomChannel(
-      options.target, grpc::InsecureChannelCredentials(), args));
-  return TransferCall::Start(**stub, options.deadline, options.target_token);
+      options.target,
+      options.credentials != nullptr ? options.credentials
+                                     : grpc::InsecureChannelCredentials(),
+      args));
+  return TransferCall::Start(**stub, options.deadline, options.target_token,
+                             options.peer_token);
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "cache_store/session_snapshot.h"
 #include "cache_store/slot_spans.h"
+#include "grpcpp/security/credentials.h"
 #include "kvkeep/v1/kvkeep.pb.h"
 #include "services/transfer/nccl_transport.h"
 #include "services/transfer/page_transport.h"
@@ -28,10 +29,17 @@
 
 namespace kvkeep {
 
+// The metadata that carries a store's peer token on ReceiveSession
+// (docs/security.md).
+inline constexpr char kPeerTokenMetadata[] = "kvkeep-peer-token";
+
 struct SendOptions {
   int64_t token_bytes = 0;   // one token's keys (or values) in one layer
   std::string target;        // host:port
   std::string target_token;  // bearer token, or empty
+  std::string peer_token;    // this store's peer token, or empty
+  // How to reach the target (TLS on a store with TLS); null: plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
   std::string transfer_id;
   absl::Time deadline = absl::InfiniteFuture();
   int64_t chunk_bytes = 4 << 20;  // keys + values per chunk, at most

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -26,6 +27,7 @@ namespace {
 
 constexpr char kHello[8] = {'K', 'V', 'K', 'D', 'A', 'T', 'A', '1'};
 constexpr char kWelcome[4] = {'K', 'V', 'K', 'A'};
+constexpr size_t kHelloBytes = sizeof(kHello) + SlotStream::kTicketBytes;
 constexpr uint32_t kChunkMagic = 0x4B564B43;    // "CKVK" on the wire
 constexpr uint32_t kVerdictMagic = 0x4B564B56;  // "VKVK"
 constexpr size_t kChunkHeaderBytes = 24;
@@ -36,8 +38,6 @@ constexpr size_t kMaxVerdictMessage = 4096;
 constexpr size_t kPassBytes = size_t{512} << 10;
 // How long a blocked send or receive waits before looking at the deadline.
 constexpr absl::Duration kWake = absl::Milliseconds(200);
-// How long a new connection has to present its hello.
-constexpr absl::Duration kHelloPatience = absl::Seconds(2);
 
 void Put32(std::byte* p, uint32_t v) {
   for (int i = 0; i < 4; ++i) p[i] = static_cast<std::byte>(v >> (8 * i));
@@ -446,7 +446,7 @@ void SlotStream::Drain() {
 }
 
 absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Listen(
-    const std::string& address) {
+    const std::string& address, absl::Duration hello_patience) {
   absl::StatusOr<std::pair<std::string, std::string>> split =
       SplitHostPort(address);
   if (!split.ok()) {
@@ -468,7 +468,8 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Listen(
       absl::StrCat("transfer_listen: no address for '", address, "'"));
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
     const int fd =
-        socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+               a->ai_protocol);
     if (fd < 0) continue;
     const int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -487,14 +488,28 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Listen(
             ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
             : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
     freeaddrinfo(found);
-    return std::unique_ptr<TcpTransport>(new TcpTransport(fd, port));
+    const int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (wake < 0) {
+      close(fd);
+      return Errno("eventfd", errno);
+    }
+    return std::unique_ptr<TcpTransport>(
+        new TcpTransport(fd, port, wake, hello_patience));
   }
   freeaddrinfo(found);
   return last;
 }
 
-TcpTransport::TcpTransport(int listener, int port)
-    : listener_(listener), port_(port) {
+struct TcpTransport::Pending {
+  int fd = -1;
+  absl::Time deadline;
+  std::byte hello[kHelloBytes];
+  size_t got = 0;  // bytes of the hello in
+};
+
+TcpTransport::TcpTransport(int listener, int port, int wake,
+                           absl::Duration patience)
+    : listener_(listener), port_(port), wake_(wake), hello_patience_(patience) {
   acceptor_ = std::thread([this] { AcceptLoop(); });
 }
 
@@ -506,43 +521,119 @@ TcpTransport::~TcpTransport() {
     mu_.Await(absl::Condition(
         +[](int* awaiting) { return *awaiting == 0; }, &awaiting_));
   }
-  shutdown(listener_, SHUT_RDWR);  // accept() returns
+  const uint64_t one = 1;
+  static_cast<void>(write(wake_, &one, sizeof(one)));  // the poll returns
   acceptor_.join();
   close(listener_);
+  close(wake_);
 }
 
+// One thread polls the listener and every connection still sending its
+// hello: a silent connection holds a slot (at most kMaxPendingHellos) for
+// at most hello_patience_, and never the connections behind it.
 void TcpTransport::AcceptLoop() {
+  std::deque<Pending> pending;  // oldest first
+  std::vector<pollfd> polls;
   while (true) {
-    const int fd = accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      absl::MutexLock lock(&mu_);
-      if (closing_) return;
-      // EMFILE and the like: the sender's connect times out, or succeeds
-      // once descriptors are free again.
-      absl::SleepFor(absl::Milliseconds(10));
-      continue;
-    }
-    DataSocket socket(fd);
-    const absl::Time deadline = absl::Now() + kHelloPatience;
-    absl::StatusOr<std::string> ticket =
-        SlotStream::ReceiveHello(socket, deadline);
-    if (!ticket.ok()) continue;
-    auto waiting = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      auto it = expected_.find(*ticket);
-      return it != expected_.end() && !it->second.socket.has_value();
-    };
     {
       absl::MutexLock lock(&mu_);
-      if (!waiting()) continue;
+      if (closing_) break;
     }
-    // Welcomed before it is handed over: from then on its transfer's
-    // thread owns it.
-    iovec v{const_cast<char*>(kWelcome), sizeof(kWelcome)};
-    if (!socket.Send({&v, 1}, deadline).ok()) continue;
-    absl::MutexLock lock(&mu_);
-    if (waiting()) expected_[*ticket].socket = std::move(socket);
+    const absl::Time now = absl::Now();
+    absl::Time next = absl::InfiniteFuture();
+    std::erase_if(pending, [&](const Pending& p) {
+      if (p.deadline > now) {
+        next = std::min(next, p.deadline);
+        return false;
+      }
+      close(p.fd);
+      return true;
+    });
+    polls.assign({pollfd{wake_, POLLIN, 0}, pollfd{listener_, POLLIN, 0}});
+    for (const Pending& p : pending) polls.push_back(pollfd{p.fd, POLLIN, 0});
+    const int64_t wait_ms =
+        next == absl::InfiniteFuture()
+            ? -1
+            : std::clamp<int64_t>(absl::ToInt64Milliseconds(next - now) + 1, 0,
+                                  INT_MAX);
+    if (poll(polls.data(), polls.size(), static_cast<int>(wait_ms)) < 0) {
+      continue;  // EINTR
+    }
+    // Readable connections read what they sent; whole hellos are handed.
+    for (size_t i = 2; i < polls.size(); ++i) {
+      if (polls[i].revents == 0) continue;
+      Pending& p = pending[i - 2];
+      const ssize_t n =
+          recv(p.fd, p.hello + p.got, sizeof(p.hello) - p.got, MSG_DONTWAIT);
+      if (n > 0) p.got += static_cast<size_t>(n);
+      if (p.got == sizeof(p.hello)) {
+        Hand(p);  // takes p.fd
+      } else if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+        close(p.fd);
+        p.fd = -1;
+      }
+    }
+    std::erase_if(pending, [](const Pending& p) { return p.fd < 0; });
+    if (polls[1].revents != 0) AcceptAll(pending);
   }
+  for (const Pending& p : pending) close(p.fd);
+}
+
+void TcpTransport::AcceptAll(std::deque<Pending>& pending) {
+  while (true) {
+    const int fd =
+        accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        // EMFILE and the like: the sender's connect times out, or succeeds
+        // once descriptors are free again.
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      return;
+    }
+    if (pending.size() >= kMaxPendingHellos) {
+      close(pending.front().fd);
+      pending.pop_front();
+    }
+    Pending p;
+    p.fd = fd;
+    p.deadline = absl::Now() + hello_patience_;
+    pending.push_back(p);
+  }
+}
+
+void TcpTransport::Hand(Pending& connection) {
+  const int fd = std::exchange(connection.fd, -1);
+  if (std::memcmp(connection.hello, kHello, sizeof(kHello)) != 0) {
+    close(fd);
+    return;
+  }
+  const std::string ticket(
+      reinterpret_cast<const char*>(connection.hello) + sizeof(kHello),
+      SlotStream::kTicketBytes);
+  auto waiting = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = expected_.find(ticket);
+    return it != expected_.end() && !it->second.socket.has_value();
+  };
+  {
+    absl::MutexLock lock(&mu_);
+    if (!waiting()) {
+      close(fd);
+      return;
+    }
+  }
+  // Welcomed before it is handed over (a fresh connection's send buffer
+  // takes four bytes at once): from then on its transfer's thread owns it.
+  if (send(fd, kWelcome, sizeof(kWelcome), MSG_NOSIGNAL | MSG_DONTWAIT) !=
+      static_cast<ssize_t>(sizeof(kWelcome))) {
+    close(fd);
+    return;
+  }
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  DataSocket socket(fd);
+  absl::MutexLock lock(&mu_);
+  if (waiting()) expected_[ticket].socket = std::move(socket);
 }
 
 std::string TcpTransport::Expect() {

@@ -29,6 +29,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -133,15 +134,24 @@ class SlotStream {
 // The target's side: a listening socket whose connections are handed to
 // the transfers they name. A transfer Expects a ticket (given to the sender
 // in READY) and Awaits the connection that presents it; a connection
-// presenting anything else is closed. Connections are read for their hello
-// (and welcomed) one at a time, each within 2 s: a few silent connections
-// can delay a sender past its 10 s wait for the welcome, which then sends
-// chunk messages instead.
+// presenting anything else is closed. Connections are read for their
+// hello concurrently (one thread polls them all), each within
+// kHelloPatience (2 s); at most kMaxPendingHellos wait for theirs at once, and
+// a new connection beyond that closes the oldest waiting one. So silent or slow
+// connections (a port scanner, a stranger) cost a sender nothing: its hello
+// follows its connect at once and is read as soon as it arrives.
 class TcpTransport {
  public:
-  // Listens on `address` ("host:port"; port 0 picks one).
+  // How long a new connection has to present its whole hello.
+  static constexpr absl::Duration kHelloPatience = absl::Seconds(2);
+  // Connections waiting for their hello, at most.
+  static constexpr size_t kMaxPendingHellos = 64;
+
+  // Listens on `address` ("host:port"; port 0 picks one). Tests give a
+  // longer `hello_patience`, to see the order of events without timing.
   static absl::StatusOr<std::unique_ptr<TcpTransport>> Listen(
-      const std::string& address);
+      const std::string& address,
+      absl::Duration hello_patience = kHelloPatience);
   ~TcpTransport();
   TcpTransport(const TcpTransport&) = delete;
   TcpTransport& operator=(const TcpTransport&) = delete;
@@ -163,14 +173,22 @@ class TcpTransport {
   void RunAside(std::function<void()> fn) { aside_.Run(std::move(fn)); }
 
  private:
-  TcpTransport(int listener, int port);
+  struct Pending;  // a connection whose hello is not all in
+  TcpTransport(int listener, int port, int wake, absl::Duration patience);
   void AcceptLoop();
+  // Accepts every connection waiting on the listener into `pending`.
+  void AcceptAll(std::deque<Pending>& pending);
+  // A connection whose hello is all in: welcomed and kept for its Await if
+  // its ticket is one waited for, otherwise closed.
+  void Hand(Pending& connection) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<DataSocket> AwaitLocked(const std::string& ticket,
                                          absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const int listener_;
+  const int listener_;  // non-blocking
   const int port_;
+  const int wake_;  // an eventfd: written when closing
+  const absl::Duration hello_patience_;
   absl::Mutex mu_;
   struct Expected {
     std::optional<DataSocket> socket;  // once presented, until Await

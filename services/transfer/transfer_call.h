@@ -31,9 +31,12 @@ class TransferCall final
     : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   // Starts the call (its answer comes with the first reply).
+  // `token` is the caller's bearer token for the target (a tenant's), and
+  // `peer_token` this store's (session_sender.h); either may be empty.
   static std::shared_ptr<TransferCall> Start(grpc::GenericStub& stub,
                                              absl::Time deadline,
-                                             const std::string& token) {
+                                             const std::string& token,
+                                             const std::string& peer_token) {
     std::shared_ptr<TransferCall> call(new TransferCall);
     {
       absl::MutexLock lock(&call->mu_);
@@ -44,6 +47,9 @@ class TransferCall final
     }
     if (!token.empty()) {
       call->ctx_.AddMetadata("authorization", "Bearer " + token);
+    }
+    if (!peer_token.empty()) {
+      call->ctx_.AddMetadata("kvkeep-peer-token", peer_token);
     }
     stub.PrepareBidiStreamingCall(
         &call->ctx_,

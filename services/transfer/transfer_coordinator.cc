@@ -108,7 +108,15 @@ absl::StatusOr<SessionSnapshot> TransferCoordinator::Freeze(
 TransferOutcome TransferCoordinator::Run(const OutgoingTransfer& transfer,
                                          const std::string& transfer_id) {
   TransferOutcome outcome;
-  const bool tcp_usable = TargetHost(transfer.target).has_value();
+  const bool tcp_usable =
+      options_.plaintext_data && TargetHost(transfer.target).has_value();
+  if (transfer.transport == Transport::kTcp && !options_.plaintext_data) {
+    outcome.status = absl::FailedPreconditionError(
+        "transport 'tcp': this store has TLS and the data socket is "
+        "plaintext; its transfers move pages encrypted on the gRPC stream "
+        "(transport 'host' or 'auto')");
+    return outcome;
+  }
   if (transfer.transport == Transport::kTcp && !tcp_usable) {
     outcome.status = absl::FailedPreconditionError(
         absl::StrCat("transport 'tcp': the target ", Quote(transfer.target),
@@ -136,6 +144,8 @@ TransferOutcome TransferCoordinator::Run(const OutgoingTransfer& transfer,
   SendOptions options;
   options.target = transfer.target;
   options.target_token = transfer.target_token;
+  options.peer_token = options_.peer_token;
+  options.credentials = options_.peer_credentials;
   options.transfer_id = transfer_id;
   options.deadline = transfer.deadline;
   options.max_message_bytes = options_.max_message_bytes;

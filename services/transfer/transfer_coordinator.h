@@ -48,6 +48,14 @@ struct TransferOptions {
   // Wraps each outgoing transfer's page sender (tests inject a failing,
   // slow or corrupting transport here); unset in kvkeepd.
   PageSenderWrapper wrap_sender;
+  // Sent on every ReceiveSession this store calls (kPeerTokenMetadata);
+  // may be empty.
+  std::string peer_token;
+  // How to reach targets (TLS on a store with TLS); null: plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> peer_credentials;
+  // Whether outgoing transfers may send pages over a target's plaintext
+  // data socket (false on a store with TLS: they go on the stream).
+  bool plaintext_data = true;
 };
 
 // One TransferSession, as the service parsed it.

@@ -342,6 +342,25 @@ def check_k8s(opts):
                 for t in tenants),
                 f"{tenants_path}: not a list of {{\"name\", \"token\"}}")
 
+    # The peer token (docs/security.md): peers.token_file is a key of a
+    # mounted Secret, so that the replicas can move sessions to each other.
+    peers = config.get("peers", {})
+    peer_path = flag_values.get("peer_token_file") or peers.get("token_file")
+    peer_text = None
+    if p.check(peer_path or peers.get("token") or peers.get("identities"),
+               "no peers configured: the replicas could not move sessions "
+               "to each other (peers.token_file)") and peer_path:
+        volume, key = mounted_source(c, volumes, peer_path)
+        secret = None
+        if volume and "secret" in volume:
+            secret = named.get(("Secret", volume["secret"]["secretName"]))
+        data = (secret or {}).get("data", {})
+        if p.check(key in data, f"peer token file {peer_path} is not a key "
+                   "of a Secret mounted in the container"):
+            peer_text = base64.b64decode(data[key]).decode()
+            p.check(len(peer_text.strip()) >= 16,
+                    f"{peer_path}: the peer token is under 16 characters")
+
     # Shutdown: the grace period covers the preStop pause and the drain.
     drain = float(effective("drain_seconds", 10))
     pause = 0.0
@@ -378,6 +397,11 @@ def check_k8s(opts):
             tenants_copy.write_text(tenants_text)
             if "tenants_file" in local:
                 local["tenants_file"] = str(tenants_copy)
+        if peer_text is not None:
+            peer_copy = Path(tmp) / "peer-token"
+            peer_copy.write_text(peer_text)
+            if "token_file" in local.get("peers", {}):
+                local["peers"] = dict(local["peers"], token_file=str(peer_copy))
         config_copy = Path(tmp) / "kvkeepd.json"
         config_copy.write_text(json.dumps(local))
         for name, value in flags:
@@ -385,6 +409,8 @@ def check_k8s(opts):
                 value = str(config_copy)
             elif name == "tenants_file" and tenants_text is not None:
                 value = str(Path(tmp) / "tenants.json")
+            elif name == "peer_token_file" and peer_text is not None:
+                value = str(Path(tmp) / "peer-token")
             args.append(f"--{name}" if value is None else f"--{name}={value}")
         cmd = [opts.kvkeepd] + args + [
             "--exit_after_start", "--self_check=false",

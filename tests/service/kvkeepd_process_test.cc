@@ -418,6 +418,30 @@ TEST_F(KvkeepdProcessTest, ADefaultPolicyTypoStopsStartUp) {
   ExpectStartupRefused("--default_policy=h3o", "unknown policy 'h3o'");
 }
 
+// The start-up self-check's session is outside the tenant quotas: a quota
+// far smaller than the self-check's session (about 37 KiB here) still lets
+// kvkeepd start and serve. A quota that cannot hold one token of a layout
+// is a configuration error (exit 2) naming the key.
+TEST_F(KvkeepdProcessTest, ASmallTenantQuotaDoesNotStopTheSelfCheck) {
+  absl::StatusOr<Started> kvkeepd = StartKvkeepd(
+      {"--self_check=true", "--pool_pages=1024", "--max_bytes_per_tenant=4096",
+       "--max_sessions_per_tenant=1"});
+  ASSERT_TRUE(kvkeepd.ok()) << kvkeepd.status();
+  EXPECT_TRUE(kvkeepd->child->out()
+                  .WaitFor("kvkeepd: self-check: ", kPatience)
+                  .has_value())
+      << kvkeepd->child->Output();
+  auto stub = v1::KvKeep::NewStub(Channel(kvkeepd->address));
+  v1::CreateSessionResponse created;
+  grpc::Status s =
+      stub->CreateSession(Context().get(), H2OSession(6), &created);
+  EXPECT_TRUE(s.ok()) << Describe(s);
+  ExpectStartupRefused("--max_bytes_per_tenant=1000",
+                       "limits.max_bytes_per_tenant (1000 bytes) cannot hold "
+                       "one token of layout 'demo'");
+  ExpectStartupRefused("--max_sessions=0", "limits.max_sessions must be >= 1");
+}
+
 TEST_F(KvkeepdProcessTest, TenantTokensAreRequiredWhenConfigured) {
   const std::string config = WriteFile(
       "tenants.json",

@@ -31,7 +31,9 @@ using metrics_testing::ParseExposition;
 using metrics_testing::Sample;
 using metrics_testing::Select;
 using metrics_testing::Value;
+using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 using ::testing::Optional;
 
 // 2 layers of f32, 2 kv / 4 query heads, head_dim 8, 4-token pages: a page
@@ -204,6 +206,22 @@ TEST_F(MetricsTest, PerSessionSeriesAreCapped) {
   scrape = Scrape();
   EXPECT_THAT(Value(scrape, "kvkeep_sessions_untracked"), Optional(0.0));
   EXPECT_EQ(Select(scrape, "kvkeep_session_pages").size(), 2u);
+}
+
+// metrics_session_series 0 (docs/security.md): no session id appears
+// anywhere in a scrape; the totals still count every session.
+TEST_F(MetricsTest, NoSessionSeriesNamesNoSession) {
+  Start(/*max_session_series=*/0);
+  std::vector<client::Session> sessions{Open("window", 8), Open("h2o", 8)};
+  const absl::StatusOr<std::string> text =
+      HttpGet(server_->metrics_address(), "/metrics");
+  ASSERT_TRUE(text.ok()) << text.status();
+  for (const client::Session& s : sessions) {
+    EXPECT_THAT(*text, Not(HasSubstr(s.id())));
+  }
+  const std::vector<Sample> scrape = ParseExposition(*text);
+  EXPECT_THAT(Value(scrape, "kvkeep_sessions"), Optional(2.0));
+  EXPECT_THAT(Value(scrape, "kvkeep_sessions_untracked"), Optional(2.0));
 }
 
 TEST_F(MetricsTest, RpcsAreCountedByMethodAndCode) {

@@ -3,8 +3,10 @@
 #include "services/kvkeepd/server_config.h"
 
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -53,6 +55,8 @@ TEST(ServerConfigTest, TheShippedExampleParsesAndSetsEveryKey) {
   ASSERT_EQ(c.tenants.size(), 2u);
   EXPECT_EQ(c.tenants[1].tenant, "team-b");
   EXPECT_TRUE(c.log_events);
+  EXPECT_EQ(c.peers.token_file, "/etc/kvkeep-secrets/peer-token");
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
   // Every layout in the example is one the store accepts.
   StoreOptions options;
   options.pools = {c.pools[1]};
@@ -144,6 +148,90 @@ TEST(ServerConfigTest, ATenantsFileReplacesTheTenants) {
     EXPECT_THAT(std::string(s.message()), HasSubstr(fragment)) << json;
     EXPECT_EQ(c.tenants.size(), 2u);
   }
+}
+
+TEST(ServerConfigTest, PeersKeys) {
+  ServerConfig c = DefaultConfig();
+  ASSERT_TRUE(Apply(R"({"peers": {"token": "0123456789abcdef",
+                                  "token_file": "/run/peer-token",
+                                  "identities": ["kvkeepd-0", "kvkeepd-1"],
+                                  "ca_file": "/etc/ca.pem"}})",
+                    c)
+                  .ok());
+  EXPECT_EQ(c.peers.token, "0123456789abcdef");
+  EXPECT_EQ(c.peers.token_file, "/run/peer-token");
+  EXPECT_EQ(c.peers.identities.size(), 2u);
+  EXPECT_EQ(c.peers.ca_file, "/etc/ca.pem");
+  const absl::Status s = Apply(R"({"peers": {"tokn": "x"}})", c);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("unknown key 'tokn'"));
+}
+
+TEST(ServerConfigTest, APeerTokenFileIsReadAndTrimmed) {
+  const std::string path = ::testing::TempDir() + "/server_config_peer_token";
+  std::ofstream(path) << "  a-long-enough-peer-token\n";
+  ServerConfig c = DefaultConfig();
+  c.peers.token = "replaced-by-the-file";
+  c.peers.token_file = path;
+  EXPECT_EQ(PeerToken(c).value_or("?"), "a-long-enough-peer-token");
+  std::ofstream(path) << "short\n";
+  EXPECT_EQ(PeerToken(c).status().code(), absl::StatusCode::kInvalidArgument);
+  c.peers.token_file = path + ".missing";
+  EXPECT_EQ(PeerToken(c).status().code(), absl::StatusCode::kNotFound);
+}
+
+// What no one key's parse sees is refused before a server is built, with
+// the key in the message.
+TEST(ServerConfigTest, ValidateRefusesConfigsNoServerCouldRunWell) {
+  EXPECT_TRUE(ValidateConfig(DefaultConfig()).ok());
+  // The demo layout: 8 layers of 64 KiB pages hold a token in 512 KiB.
+  ServerConfig small_quota = DefaultConfig();
+  small_quota.max_bytes_per_tenant = 512 << 10;
+  EXPECT_TRUE(ValidateConfig(small_quota).ok());
+  struct Case {
+    std::function<void(ServerConfig&)> edit;
+    std::string fragment;
+  };
+  const std::vector<Case> cases = {
+      {[](ServerConfig& c) { c.max_bytes_per_tenant = (512 << 10) - 1; },
+       "limits.max_bytes_per_tenant (524287 bytes) cannot hold one token of "
+       "layout 'demo'"},
+      {[](ServerConfig& c) { c.max_bytes_per_tenant = -1; },
+       "limits.max_bytes_per_tenant must be >= 0"},
+      {[](ServerConfig& c) { c.max_sessions_per_tenant = -3; },
+       "limits.max_sessions_per_tenant must be >= 0"},
+      {[](ServerConfig& c) { c.max_sessions = 0; },
+       "limits.max_sessions must be >= 1"},
+      {[](ServerConfig& c) {
+         c.tls.cert_file = "cert.pem";
+         c.transfer_listen = "0.0.0.0:50053";
+       },
+       "transfer_listen: the data socket is plaintext"},
+      {[](ServerConfig& c) { c.peers.identities = {"kvkeepd-0"}; },
+       "peers.identities needs tls.client_ca_file"},
+      {[](ServerConfig& c) { c.peers.token = "short"; },
+       "peers.token must be at least 16 characters"},
+  };
+  for (const Case& k : cases) {
+    ServerConfig c = DefaultConfig();
+    k.edit(c);
+    const absl::Status s = ValidateConfig(c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << k.fragment;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(k.fragment));
+  }
+  // A TLS store has no data socket unless one is named (which is refused).
+  ServerConfig tls = DefaultConfig();
+  tls.tls.cert_file = "cert.pem";
+  EXPECT_EQ(TransferListenAddress(tls), "");
+  tls.transfer_listen = "off";
+  EXPECT_TRUE(ValidateConfig(tls).ok());
+}
+
+TEST(ServerConfigTest, TheSelfChecksTenantNameIsReserved) {
+  ServerConfig c = DefaultConfig();
+  const absl::Status s =
+      ApplyTenantsJson(R"([{"name": "kvkeepd-self-check", "token": "t"}])", c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("kvkeepd's own"));
 }
 
 }  // namespace

@@ -885,6 +885,80 @@ TEST_F(TcpTransportTest, SilentConnectionIsClosedAndDoesNotStopOthers) {
   EXPECT_EQ(closed.code(), absl::StatusCode::kUnavailable) << closed;
 }
 
+// With a patience far longer than the test, the order of events shows
+// what the acceptor does without timing anything.
+class PatientTransportTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<TcpTransport>> t =
+        TcpTransport::Listen("127.0.0.1:0", absl::Hours(1));
+    ASSERT_TRUE(t.ok()) << t.status();
+    transport_ = *std::move(t);
+  }
+  absl::StatusOr<DataSocket> Connect() {
+    return DataSocket::Connect("127.0.0.1", transport_->port(), Deadline());
+  }
+  std::unique_ptr<TcpTransport> transport_;
+};
+
+// Silent connections (eight, as a port scanner might leave) do not hold up
+// a hello behind them: each is read as it comes, not one after another.
+TEST_F(PatientTransportTest, SilentConnectionsDoNotHoldUpAHello) {
+  std::vector<DataSocket> silent;
+  for (int i = 0; i < 8; ++i) {
+    absl::StatusOr<DataSocket> s = Connect();
+    ASSERT_TRUE(s.ok()) << s.status();
+    silent.push_back(*std::move(s));
+  }
+  const std::string ticket = transport_->Expect();
+  absl::StatusOr<DataSocket> connector = Connect();
+  ASSERT_TRUE(connector.ok()) << connector.status();
+  ASSERT_TRUE(SlotStream(&*connector, Deadline()).SendHello(ticket).ok());
+  absl::StatusOr<DataSocket> accepted = transport_->Await(ticket, Deadline());
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  EXPECT_TRUE(
+      SlotStream(&*connector, Deadline()).AwaitWelcome(Deadline()).ok());
+  for (DataSocket& s : silent) EXPECT_FALSE(s.Readable()) << "still waiting";
+}
+
+// A hello that arrives a few bytes at a time is put together.
+TEST_F(PatientTransportTest, AHelloInPiecesIsAssembled) {
+  const std::string ticket = transport_->Expect();
+  absl::StatusOr<DataSocket> connector = Connect();
+  ASSERT_TRUE(connector.ok()) << connector.status();
+  const std::string hello = "KVKDATA1" + ticket;
+  for (size_t at = 0; at < hello.size(); at += 5) {
+    ASSERT_TRUE(SendBytes(*connector, hello.substr(at, 5), Deadline()).ok());
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  absl::StatusOr<DataSocket> accepted = transport_->Await(ticket, Deadline());
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  EXPECT_TRUE(
+      SlotStream(&*connector, Deadline()).AwaitWelcome(Deadline()).ok());
+}
+
+// At most kMaxPendingHellos connections wait for their hello: one more
+// closes the oldest (long before its patience), and a hello still gets in.
+TEST_F(PatientTransportTest, TooManySilentConnectionsCloseTheOldest) {
+  std::vector<DataSocket> silent;
+  for (size_t i = 0; i <= TcpTransport::kMaxPendingHellos; ++i) {
+    absl::StatusOr<DataSocket> s = Connect();
+    ASSERT_TRUE(s.ok()) << s.status();
+    silent.push_back(*std::move(s));
+  }
+  std::byte b[1];
+  iovec v{b, 1};
+  const absl::Status closed = silent.front().Receive({&v, 1}, Deadline());
+  EXPECT_EQ(closed.code(), absl::StatusCode::kUnavailable) << closed;
+  EXPECT_FALSE(silent.back().Readable()) << "the newest still waits";
+  const std::string ticket = transport_->Expect();
+  absl::StatusOr<DataSocket> connector = Connect();
+  ASSERT_TRUE(connector.ok()) << connector.status();
+  ASSERT_TRUE(SlotStream(&*connector, Deadline()).SendHello(ticket).ok());
+  absl::StatusOr<DataSocket> accepted = transport_->Await(ticket, Deadline());
+  EXPECT_TRUE(accepted.ok()) << accepted.status();
+}
+
 TEST_F(TcpTransportTest, WithdrawBeforeAnyConnectionCancelsTheAwait) {
   const std::string ticket = transport_->Expect();
   absl::StatusOr<DataSocket> accepted = absl::UnknownError("not awaited");

@@ -58,6 +58,15 @@ std::string ConfigFile() {
   return path;
 }
 
+// The peer token every daemon here sends and takes (a file, as a mounted
+// Secret would hold it).
+std::string PeerTokenFile() {
+  const std::string path =
+      absl::StrCat(::testing::TempDir(), "/transfer_peer_", getpid());
+  std::ofstream(path) << "transfer-process-test-peer-token\n";
+  return path;
+}
+
 // With a --test_* flag, the daemon is kvkeepd_testing (kvkeepd has none).
 Daemon Start(std::vector<std::string> extra = {}) {
   const bool testing = std::any_of(extra.begin(), extra.end(), [](auto& a) {
@@ -65,8 +74,11 @@ Daemon Start(std::vector<std::string> extra = {}) {
   });
   std::vector<std::string> argv = {
       testing ? KVKEEPD_TESTING_BINARY : KVKEEPD_BINARY,
-      "--config=" + ConfigFile(), "--listen=127.0.0.1:0",
-      "--metrics_listen=127.0.0.1:0", "--self_check=false"};
+      "--config=" + ConfigFile(),
+      "--listen=127.0.0.1:0",
+      "--metrics_listen=127.0.0.1:0",
+      "--self_check=false",
+      "--peer_token_file=" + PeerTokenFile()};
   argv.insert(argv.end(), extra.begin(), extra.end());
   Daemon d;
   absl::StatusOr<std::unique_ptr<Child>> child = Child::Spawn(argv);

@@ -15,6 +15,7 @@ ServerConfig TestServerConfig(std::vector<PoolSpec> pools) {
   config.transfer_listen = "off";
   config.pools = std::move(pools);
   config.drain_seconds = 5;
+  config.peers.token = kTestPeerToken;
   return config;
 }
 

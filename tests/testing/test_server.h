@@ -19,9 +19,14 @@
 
 namespace kvkeep::testing {
 
-// `pools` served on 127.0.0.1 (any free port) with no authentication, a
-// 5 s drain, and neither a /metrics endpoint nor a data socket (set
-// metrics_listen or transfer_listen to "127.0.0.1:0" for one).
+// The peer token every TestServerConfig carries, so test stores take
+// each other's transfers (docs/security.md).
+inline constexpr char kTestPeerToken[] = "kvkeep-test-peer-token";
+
+// `pools` served on 127.0.0.1 (any free port) with no tenants, the peer
+// token kTestPeerToken, a 5 s drain, and neither a /metrics endpoint nor a
+// data socket (set metrics_listen or transfer_listen to "127.0.0.1:0" for
+// one).
 ServerConfig TestServerConfig(std::vector<PoolSpec> pools);
 
 class TestServer {

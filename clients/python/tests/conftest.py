@@ -37,6 +37,8 @@ LAYOUTS = [
 # Small enough that a prefill of a few hundred tokens takes several messages
 # and ReadKv several chunks per layer.
 MAX_MESSAGE_BYTES = 16384
+# Every test server takes transfers from the others (docs/security.md).
+PEER_TOKEN = "python-test-peer-token"
 
 
 def pytest_addoption(parser):
@@ -56,7 +58,8 @@ class Server:
 
     def __init__(self, binary: str, tmpdir: str, name: str = "kvkeepd",
                  extra: Optional[List[str]] = None, config: Optional[Dict] = None):
-        cfg = {"layouts": LAYOUTS, "limits": {"max_message_bytes": MAX_MESSAGE_BYTES}}
+        cfg = {"layouts": LAYOUTS, "limits": {"max_message_bytes": MAX_MESSAGE_BYTES},
+               "peers": {"token": PEER_TOKEN}}
         cfg.update(config or {})
         path = os.path.join(tmpdir, f"{name}.json")
         with open(path, "w") as f:

@@ -219,7 +219,12 @@ class KvKeepServicer:
         workers: a header (the session's state without its bytes), answered by
         READY once every page is reserved (RESOURCE_EXHAUSTED before any byte
         moves otherwise); the chunks; a commit, answered by COMMITTED. A stream
-        that ends before the commit frees everything it reserved.
+        that ends before the commit frees everything it reserved. Only peers may
+        call it (the metadata kvkeep-peer-token, or a peer's client certificate:
+        UNAUTHENTICATED otherwise; PERMISSION_DENIED on a store with no peers
+        configured); the session becomes the tenant of the call's bearer token
+        (which must be the header's) on a store with tenants, the anonymous
+        tenant on one without (docs/security.md).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
