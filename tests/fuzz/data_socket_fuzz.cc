@@ -68,6 +68,9 @@ void TargetSide(const std::vector<Frame>& frames, uint64_t input) {
   testing::TestServer& server = Server({.data_socket = true});
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  // A peer of the test server (its store-to-store token), as a sending
+  // store would be.
+  ctx.AddMetadata("kvkeep-peer-token", testing::kTestPeerToken);
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   std::unique_ptr<
       grpc::ClientReaderWriter<v1::TransferMessage, v1::TransferReply>>

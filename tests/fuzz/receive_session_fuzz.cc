@@ -36,6 +36,9 @@ void Run(const std::vector<Frame>& frames, uint64_t input) {
   testing::TestServer& server = Server();
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  // A peer of the test server (its store-to-store token), as a sending
+  // store would be.
+  ctx.AddMetadata("kvkeep-peer-token", testing::kTestPeerToken);
   const grpc::internal::RpcMethod method(
       "/kvkeep.v1.KvKeep/ReceiveSession",
       grpc::internal::RpcMethod::BIDI_STREAMING, server.channel());
