@@ -2,15 +2,26 @@
 // of its own, and pinned host staging through which every host buffer goes
 // in and out in one copy each way. Built only with the CUDA backend.
 //
-// Each call stages its inputs (block table, moves, token bytes, queries) in
-// one pinned buffer, uploads it with one copy, runs one kernel, downloads
-// what it produced and waits for its stream: the session's state on the
-// host and the bytes on the device never disagree when a call returns. The
-// calls are serialised by a mutex (one stream, one pair of staging buffers).
+// A session call's batch (step_batch.h) is staged whole in one pinned
+// buffer and uploaded with one copy; then, stage by stage, the compaction
+// moves of every layer run as one LaunchCompactLayers, each write as a
+// LaunchWriteSlots and each scoring as a LaunchQueryAttention; every scoring
+// output comes back with one copy, and the host waits for the stream once.
+// Only a batch whose scoring outputs and workspace outgrow kStagingBound
+// (a long prefill chunk scored at once) is cut into segments, each staged,
+// run and waited for in turn. When RunStep returns, the session's state on
+// the host and the bytes on the device agree.
+//
+// Each call runs on a lane (a stream and its staging) that no other call
+// holds, so calls of different sessions overlap on the device and in
+// staging; a mutex guards only the lanes' list. Calls that touch the same
+// pages are ordered by their callers (one session's calls are serialised,
+// and a page is freed only after the batch that last touched it waited).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -46,93 +57,203 @@ class StagingPlan {
   size_t total_ = 0;
 };
 
-class CudaMemory final : public PageMemory {
- public:
-  static absl::StatusOr<std::unique_ptr<PageMemory>> Create(int32_t ordinal,
-                                                            int64_t bytes) {
-    const std::string where = absl::StrCat("cuda:", ordinal);
-    if (absl::Status s = CudaStatus(cudaSetDevice(ordinal),
-                                    absl::StrCat("selecting ", where));
-        !s.ok()) {
-      return s;
-    }
-    std::unique_ptr<CudaMemory> memory(new CudaMemory(ordinal, bytes));
-    void* arena = nullptr;
-    if (absl::Status s = CudaStatus(
-            cudaMalloc(&arena, static_cast<size_t>(bytes)),
-            absl::StrCat("reserving a pool of ", bytes, " bytes on ", where));
-        !s.ok()) {
-      return s;
-    }
-    memory->arena_ = static_cast<std::byte*>(arena);
-    if (absl::Status s = CudaStatus(
-            cudaStreamCreateWithFlags(&memory->stream_, cudaStreamNonBlocking),
-            absl::StrCat("creating a stream on ", where));
-        !s.ok()) {
-      return s;
-    }
-    return std::unique_ptr<PageMemory>(std::move(memory));
-  }
+// Staging one segment of a batch may use, workspace included; a piece that
+// needs more gets a segment of its own.
+constexpr size_t kStagingBound = size_t{256} << 20;
 
-  ~CudaMemory() override {
-    // Errors here have no one to go to (a destructor cannot fail, and the
-    // process is letting the device go); the calls before it reported any
-    // error the device had.
+// One launch of a batch: a stage's compaction moves (every layer in one
+// LaunchCompactLayers), one write, or a group of one scoring's rows.
+struct Piece {
+  enum class Kind : uint8_t { kMoves, kWrite, kScoring };
+  Kind kind = Kind::kWrite;
+  size_t entry = 0;       // kMoves: the stage's first moves entry; else it
+  size_t entries = 1;     // kMoves: the stage's moves entries
+  int32_t first_row = 0;  // kScoring: rows [first_row, first_row + rows)
+  int32_t rows = 0;
+};
+
+// Where a piece's arrays sit in its segment's staging.
+struct PieceAt {
+  size_t first = 0;   // kMoves: CompactLayer[entries]; else the block table
+  size_t second = 0;  // kWrite: keys; kScoring: queries
+  size_t third = 0;   // kWrite: values; kScoring: row order
+  size_t order = 0;   // kScoring: the slots' order, if any
+  size_t out = 0;     // kScoring: the rows' output
+};
+
+// Where a moves entry's arrays sit: block table, moves, move count.
+struct MovesAt {
+  size_t pages = 0;
+  size_t moves = 0;
+  size_t count = 0;
+};
+
+// Rows of a scoring that one launch takes: its logits stay near
+// kWorkspaceBytes.
+int32_t ScoringGroup(const StepBatch::Scoring& e) {
+  const int64_t row_bytes = int64_t{e.query_heads} * e.slots * sizeof(float);
+  // At most 65535 rows a launch (the kernel's grid limit).
+  return static_cast<int32_t>(
+      std::clamp<int64_t>(kWorkspaceBytes / std::max<int64_t>(row_bytes, 1), 1,
+                          std::min<int64_t>(e.rows, 65535)));
+}
+
+size_t QueryRowBytes(const StepBatch& b, const StepBatch::Scoring& e) {
+  return sizeof(float) * static_cast<size_t>(e.query_heads) *
+         static_cast<size_t>(b.layout().head_dim);
+}
+
+// The batch's launches in order: per stage, its moves, its writes, its
+// scorings.
+std::vector<Piece> PlanPieces(const StepBatch& b) {
+  std::vector<Piece> pieces;
+  size_t m = 0, w = 0, s = 0;
+  for (int32_t stage = 0; stage < b.stages(); ++stage) {
+    const size_t first_moves = m;
+    while (m < b.moves().size() && b.moves()[m].stage == stage) ++m;
+    if (m > first_moves) {
+      pieces.push_back(
+          Piece{Piece::Kind::kMoves, first_moves, m - first_moves});
+    }
+    for (; w < b.writes().size() && b.writes()[w].stage == stage; ++w) {
+      pieces.push_back(Piece{Piece::Kind::kWrite, w});
+    }
+    for (; s < b.scorings().size() && b.scorings()[s].stage == stage; ++s) {
+      const StepBatch::Scoring& e = b.scorings()[s];
+      const int32_t group = ScoringGroup(e);
+      for (int32_t r = 0; r < e.rows; r += group) {
+        pieces.push_back(
+            Piece{Piece::Kind::kScoring, s, 1, r, std::min(group, e.rows - r)});
+      }
+    }
+  }
+  return pieces;
+}
+
+size_t WorkspaceBytes(const StepBatch& b, const Piece& p) {
+  if (p.kind != Piece::Kind::kScoring) return 0;
+  const StepBatch::Scoring& e = b.scorings()[p.entry];
+  return cuda::QueryAttentionWorkspaceBytes(p.rows, e.query_heads, e.slots);
+}
+
+// Places a piece's inputs in `plan` (moves entries' in `entries_at`).
+void PlaceInputs(const StepBatch& b, const Piece& p, StagingPlan& plan,
+                 PieceAt& at, std::vector<MovesAt>& entries_at) {
+  switch (p.kind) {
+    case Piece::Kind::kMoves:
+      at.first = plan.Add(sizeof(cuda::CompactLayer) * p.entries);
+      for (size_t i = p.entry; i < p.entry + p.entries; ++i) {
+        const StepBatch::Moves& e = b.moves()[i];
+        entries_at[i] = MovesAt{plan.Add(sizeof(PageId) * e.pages.size),
+                                plan.Add(sizeof(SlotMove) * e.moves.size),
+                                plan.Add(sizeof(int32_t))};
+      }
+      return;
+    case Piece::Kind::kWrite: {
+      const StepBatch::Write& e = b.writes()[p.entry];
+      const size_t bytes = static_cast<size_t>(e.n * b.layout().token_bytes());
+      at.first = plan.Add(sizeof(PageId) * e.pages.size);
+      at.second = plan.Add(bytes);
+      at.third = plan.Add(bytes);
+      return;
+    }
+    case Piece::Kind::kScoring: {
+      const StepBatch::Scoring& e = b.scorings()[p.entry];
+      at.first = plan.Add(sizeof(PageId) * e.pages.size);
+      at.second = plan.Add(QueryRowBytes(b, e) * p.rows);
+      at.third = plan.Add(sizeof(int64_t) * p.rows);
+      if (e.order != nullptr) {
+        at.order = plan.Add(sizeof(int64_t) * static_cast<size_t>(e.slots));
+      }
+      return;
+    }
+  }
+}
+
+// Places a piece's outputs in `plan`.
+void PlaceOutputs(const StepBatch& b, const Piece& p, StagingPlan& plan,
+                  PieceAt& at) {
+  if (p.kind != Piece::Kind::kScoring) return;
+  const StepBatch::Scoring& e = b.scorings()[p.entry];
+  at.out = plan.Add(sizeof(float) * p.rows * static_cast<size_t>(e.slots));
+}
+
+// A stream of its own and the pinned and device staging that feed it: what
+// one call of the CUDA memory runs on. Not thread-safe: the memory lends a
+// lane to one call at a time.
+class Lane {
+ public:
+  static absl::StatusOr<std::unique_ptr<Lane>> Create(int32_t ordinal,
+                                                      std::byte* arena) {
+    std::unique_ptr<Lane> lane(new Lane(ordinal, arena));
+    if (absl::Status s = CudaStatus(
+            cudaStreamCreateWithFlags(&lane->stream_, cudaStreamNonBlocking),
+            absl::StrCat("creating a stream on cuda:", ordinal));
+        !s.ok()) {
+      return s;
+    }
+    return lane;
+  }
+  ~Lane() {
+    // As ~CudaMemory: errors here have no one to go to.
     cudaSetDevice(ordinal_);
     if (stream_ != nullptr) {
       cudaStreamSynchronize(stream_);
       cudaStreamDestroy(stream_);
     }
-    cudaFree(arena_);
     cudaFree(device_staging_);
     cudaFreeHost(pinned_staging_);
   }
+  Lane(const Lane&) = delete;
+  Lane& operator=(const Lane&) = delete;
 
-  Device device() const override {
-    return Device{Device::Kind::kCuda, ordinal_};
-  }
-  absl::Status CheckLayout(const PageLayout& layout) const override {
-    if (!cuda::QueryAttentionSupportsHeadDim(layout.head_dim)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "head_dim ", layout.head_dim,
-          " has no CUDA query-scoring kernel (built for 64, 80, 96, 128 and "
-          "256)"));
+  // Runs `batch` (step_batch.h): one segment, one wait, unless its scoring
+  // outgrows kStagingBound.
+  absl::Status Run(const StepBatch& batch) {
+    if (absl::Status s = CudaStatus(cudaSetDevice(ordinal_), "selecting");
+        !s.ok()) {
+      return s;
+    }
+    const std::vector<Piece> pieces = PlanPieces(batch);
+    entries_at_.resize(batch.moves().size());
+    size_t begin = 0;
+    while (begin < pieces.size()) {
+      // As many pieces as fit the bound: the whole batch, for a decode step.
+      size_t end = begin;
+      size_t io = 0, workspace = 0;
+      for (; end < pieces.size(); ++end) {
+        StagingPlan sizing;
+        PieceAt at;
+        PlaceInputs(batch, pieces[end], sizing, at, entries_at_);
+        PlaceOutputs(batch, pieces[end], sizing, at);
+        const size_t next_io = io + sizing.total();
+        const size_t next_workspace =
+            std::max(workspace, WorkspaceBytes(batch, pieces[end]));
+        if (end > begin && next_io + next_workspace > kStagingBound) break;
+        io = next_io;
+        workspace = next_workspace;
+      }
+      if (absl::Status s = RunSegment(
+              batch,
+              std::span<const Piece>(pieces).subspan(begin, end - begin));
+          !s.ok()) {
+        return s;
+      }
+      begin = end;
     }
     return absl::OkStatus();
   }
-  int64_t bytes() const override { return bytes_; }
-  std::byte* device_arena() override { return arena_; }
 
-  absl::Status WriteSlots(const PageLayout& layout,
-                          std::span<const PageId> pages, int64_t first,
-                          int64_t n, const std::byte* keys,
-                          const std::byte* values) override {
-    if (n <= 0) return absl::OkStatus();
+  // Reads slots [first, first + n) of `pages` into host `keys` and `values`
+  // (ReadSlotBytes), with one download, and waits for the stream.
+  absl::Status Read(const PageLayout& layout, std::span<const PageId> pages,
+                    int64_t first, int64_t n, std::byte* keys,
+                    std::byte* values) {
+    if (absl::Status s = CudaStatus(cudaSetDevice(ordinal_), "selecting");
+        !s.ok()) {
+      return s;
+    }
     const size_t token_bytes = static_cast<size_t>(n * layout.token_bytes());
-    absl::MutexLock lock(&mu_);
-    StagingPlan plan;
-    const size_t pages_at = plan.Add(pages.size_bytes());
-    const size_t keys_at = plan.Add(token_bytes);
-    const size_t values_at = plan.Add(token_bytes);
-    if (absl::Status s = Reserve(plan.total()); !s.ok()) return s;
-    std::memcpy(pinned_staging_ + pages_at, pages.data(), pages.size_bytes());
-    std::memcpy(pinned_staging_ + keys_at, keys, token_bytes);
-    std::memcpy(pinned_staging_ + values_at, values, token_bytes);
-    if (absl::Status s = Upload(0, plan.total()); !s.ok()) return s;
-    return Finish(
-        cuda::LaunchWriteSlots(arena_, layout, DevicePtr<PageId>(pages_at),
-                               first, n, device_staging_ + keys_at,
-                               device_staging_ + values_at, stream_),
-        "writing slots", 0, 0);
-  }
-
-  absl::Status ReadSlots(const PageLayout& layout,
-                         std::span<const PageId> pages, int64_t first,
-                         int64_t n, std::byte* keys,
-                         std::byte* values) override {
-    if (n <= 0) return absl::OkStatus();
-    const size_t token_bytes = static_cast<size_t>(n * layout.token_bytes());
-    absl::MutexLock lock(&mu_);
     StagingPlan plan;
     const size_t pages_at = plan.Add(pages.size_bytes());
     const size_t keys_at = plan.Add(token_bytes);
@@ -154,110 +275,160 @@ class CudaMemory final : public PageMemory {
     return absl::OkStatus();
   }
 
-  absl::Status MoveSlots(const PageLayout& layout,
-                         std::span<const PageId> pages,
-                         std::span<const SlotMove> moves) override {
-    if (moves.empty()) return absl::OkStatus();
-    absl::MutexLock lock(&mu_);
-    StagingPlan plan;
-    const size_t pages_at = plan.Add(pages.size_bytes());
-    const size_t moves_at = plan.Add(moves.size_bytes());
-    if (absl::Status s = Reserve(plan.total()); !s.ok()) return s;
-    std::memcpy(pinned_staging_ + pages_at, pages.data(), pages.size_bytes());
-    std::memcpy(pinned_staging_ + moves_at, moves.data(), moves.size_bytes());
-    if (absl::Status s = Upload(0, plan.total()); !s.ok()) return s;
-    return Finish(
-        cuda::LaunchMoveSlotBytes(arena_, layout, DevicePtr<PageId>(pages_at),
-                                  DevicePtr<SlotMove>(moves_at),
-                                  static_cast<int32_t>(moves.size()), stream_),
-        "moving slots", 0, 0);
-  }
+ private:
+  Lane(int32_t ordinal, std::byte* arena) : ordinal_(ordinal), arena_(arena) {}
 
-  absl::Status ScoreQueries(const PageLayout& layout,
-                            std::span<const PageId> pages,
-                            std::span<const int64_t> order,
-                            const float* queries, const int64_t* row_order,
-                            int32_t rows, int32_t query_heads,
-                            float* out) override {
-    const int64_t slots = static_cast<int64_t>(order.size());
-    if (rows <= 0 || slots == 0) return absl::OkStatus();
-    // The kernel keeps every logit of its rows in the workspace: a prefill
-    // chunk goes in groups of rows that keep it near kWorkspaceBytes.
-    const int64_t row_bytes = int64_t{query_heads} * slots * sizeof(float);
-    const int32_t group = static_cast<int32_t>(std::clamp<int64_t>(
-        kWorkspaceBytes / std::max<int64_t>(row_bytes, 1), 1, rows));
-    const size_t query_row_bytes =
-        sizeof(float) * query_heads * static_cast<size_t>(layout.head_dim);
-    absl::MutexLock lock(&mu_);
+  // Stages `pieces` of `b` with one upload, launches them in order, brings
+  // every output back with one download and waits for the stream once.
+  absl::Status RunSegment(const StepBatch& b, std::span<const Piece> pieces) {
     StagingPlan plan;
-    const size_t pages_at = plan.Add(pages.size_bytes());
-    const size_t order_at = plan.Add(order.size_bytes());
-    const size_t queries_at = plan.Add(query_row_bytes * group);
-    const size_t row_order_at = plan.Add(sizeof(int64_t) * group);
-    const size_t out_at = plan.Add(sizeof(float) * group * slots);
-    const size_t workspace_at =
-        plan.Add(cuda::QueryAttentionWorkspaceBytes(group, query_heads, slots));
+    piece_at_.assign(pieces.size(), PieceAt{});
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      PlaceInputs(b, pieces[i], plan, piece_at_[i], entries_at_);
+    }
+    const size_t inputs_end = plan.total();
+    size_t workspace = 0;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      PlaceOutputs(b, pieces[i], plan, piece_at_[i]);
+      workspace = std::max(workspace, WorkspaceBytes(b, pieces[i]));
+    }
+    const size_t outputs_end = plan.total();
+    const size_t workspace_at = plan.Add(workspace);
     if (absl::Status s = Reserve(plan.total()); !s.ok()) return s;
-    std::memcpy(pinned_staging_ + pages_at, pages.data(), pages.size_bytes());
-    std::memcpy(pinned_staging_ + order_at, order.data(), order.size_bytes());
-    for (int32_t first = 0; first < rows; first += group) {
-      const int32_t n = std::min(group, rows - first);
-      std::memcpy(pinned_staging_ + queries_at,
-                  queries + static_cast<size_t>(first) * query_row_bytes /
-                                sizeof(float),
-                  query_row_bytes * n);
-      std::memcpy(pinned_staging_ + row_order_at, row_order + first,
-                  sizeof(int64_t) * n);
-      // The block table and order go up once, with the first group.
-      const size_t from = first == 0 ? 0 : queries_at;
-      if (absl::Status s = Upload(from, out_at - from); !s.ok()) return s;
-      const cuda::DevicePagedKeys keys{arena_, layout,
-                                       DevicePtr<PageId>(pages_at),
-                                       DevicePtr<int64_t>(order_at), slots};
-      const size_t out_bytes = sizeof(float) * n * static_cast<size_t>(slots);
-      if (absl::Status s = Finish(cuda::LaunchQueryAttention(
-                                      keys, DevicePtr<float>(queries_at),
-                                      DevicePtr<int64_t>(row_order_at), n,
-                                      query_heads, DevicePtr<float>(out_at),
-                                      device_staging_ + workspace_at, stream_),
-                                  "scoring queries", out_at, out_bytes);
-          !s.ok()) {
-        return s;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      FillInputs(b, pieces[i], piece_at_[i]);
+    }
+    if (absl::Status s = Upload(0, inputs_end); !s.ok()) return s;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const cudaError_t launched =
+          Launch(b, pieces[i], piece_at_[i], device_staging_ + workspace_at);
+      if (launched != cudaSuccess) {
+        // What was enqueued still reads staging: let it finish first.
+        cudaStreamSynchronize(stream_);
+        return CudaStatus(
+            launched,
+            absl::StrCat("launching a step batch on cuda:", ordinal_));
       }
-      std::memcpy(out + static_cast<size_t>(first) * slots,
-                  pinned_staging_ + out_at, out_bytes);
+    }
+    if (absl::Status s = Finish(cudaSuccess, "running a step batch", inputs_end,
+                                outputs_end - inputs_end);
+        !s.ok()) {
+      return s;
+    }
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const Piece& p = pieces[i];
+      if (p.kind != Piece::Kind::kScoring) continue;
+      const StepBatch::Scoring& e = b.scorings()[p.entry];
+      std::memcpy(e.out + static_cast<size_t>(p.first_row) * e.slots,
+                  pinned_staging_ + piece_at_[i].out,
+                  sizeof(float) * p.rows * static_cast<size_t>(e.slots));
     }
     return absl::OkStatus();
   }
 
-  absl::StatusOr<SharedPool> Share() const override {
-    cudaIpcMemHandle_t handle;
-    if (absl::Status s =
-            CudaStatus(cudaSetDevice(ordinal_), "selecting the pool's device");
-        !s.ok()) {
-      return s;
+  // Copies a piece's inputs into pinned staging (for moves, with the
+  // CompactLayer records that point into device staging).
+  void FillInputs(const StepBatch& b, const Piece& p, const PieceAt& at) {
+    switch (p.kind) {
+      case Piece::Kind::kMoves:
+        for (size_t k = 0; k < p.entries; ++k) {
+          const StepBatch::Moves& e = b.moves()[p.entry + k];
+          const MovesAt& where = entries_at_[p.entry + k];
+          const std::span<const PageId> pages = b.pages(e.pages);
+          const std::span<const SlotMove> moves = b.slot_moves(e.moves);
+          std::memcpy(pinned_staging_ + where.pages, pages.data(),
+                      pages.size_bytes());
+          std::memcpy(pinned_staging_ + where.moves, moves.data(),
+                      moves.size_bytes());
+          const int32_t count = static_cast<int32_t>(moves.size());
+          std::memcpy(pinned_staging_ + where.count, &count, sizeof count);
+          const cuda::CompactLayer layer{DevicePtr<PageId>(where.pages),
+                                         DevicePtr<SlotMove>(where.moves),
+                                         DevicePtr<int32_t>(where.count),
+                                         nullptr,
+                                         nullptr,
+                                         nullptr,
+                                         nullptr};
+          std::memcpy(pinned_staging_ + at.first + k * sizeof layer, &layer,
+                      sizeof layer);
+        }
+        return;
+      case Piece::Kind::kWrite: {
+        const StepBatch::Write& e = b.writes()[p.entry];
+        const std::span<const PageId> pages = b.pages(e.pages);
+        const size_t bytes =
+            static_cast<size_t>(e.n * b.layout().token_bytes());
+        std::memcpy(pinned_staging_ + at.first, pages.data(),
+                    pages.size_bytes());
+        std::memcpy(pinned_staging_ + at.second, e.keys, bytes);
+        std::memcpy(pinned_staging_ + at.third, e.values, bytes);
+        return;
+      }
+      case Piece::Kind::kScoring: {
+        const StepBatch::Scoring& e = b.scorings()[p.entry];
+        const std::span<const PageId> pages = b.pages(e.pages);
+        const size_t row_bytes = QueryRowBytes(b, e);
+        std::memcpy(pinned_staging_ + at.first, pages.data(),
+                    pages.size_bytes());
+        std::memcpy(pinned_staging_ + at.second,
+                    reinterpret_cast<const std::byte*>(e.queries) +
+                        row_bytes * p.first_row,
+                    row_bytes * p.rows);
+        std::memcpy(pinned_staging_ + at.third,
+                    b.row_order(e.row_order).data() + p.first_row,
+                    sizeof(int64_t) * p.rows);
+        if (e.order != nullptr) {
+          std::memcpy(pinned_staging_ + at.order, e.order,
+                      sizeof(int64_t) * static_cast<size_t>(e.slots));
+        }
+        return;
+      }
     }
-    if (absl::Status s = CudaStatus(cudaIpcGetMemHandle(&handle, arena_),
-                                    "taking the pool's IPC handle");
-        !s.ok()) {
-      return s;
-    }
-    return SharedPool{
-        "", std::string(reinterpret_cast<const char*>(&handle), sizeof handle)};
   }
 
- private:
-  CudaMemory(int32_t ordinal, int64_t bytes)
-      : ordinal_(ordinal), bytes_(bytes) {}
+  // Enqueues a staged piece; `workspace` is the segment's scoring workspace.
+  cudaError_t Launch(const StepBatch& b, const Piece& p, const PieceAt& at,
+                     std::byte* workspace) {
+    switch (p.kind) {
+      case Piece::Kind::kMoves: {
+        size_t max_moves = 0;
+        for (size_t k = 0; k < p.entries; ++k) {
+          max_moves = std::max(max_moves, b.moves()[p.entry + k].moves.size);
+        }
+        return cuda::LaunchCompactLayers(
+            arena_, b.layout(), DevicePtr<cuda::CompactLayer>(at.first),
+            static_cast<int32_t>(p.entries), static_cast<int32_t>(max_moves),
+            stream_);
+      }
+      case Piece::Kind::kWrite: {
+        const StepBatch::Write& e = b.writes()[p.entry];
+        return cuda::LaunchWriteSlots(
+            arena_, b.layout(), DevicePtr<PageId>(at.first), e.first, e.n,
+            device_staging_ + at.second, device_staging_ + at.third, stream_);
+      }
+      case Piece::Kind::kScoring: {
+        const StepBatch::Scoring& e = b.scorings()[p.entry];
+        const cuda::DevicePagedKeys keys{
+            arena_, b.layout(), DevicePtr<PageId>(at.first),
+            e.order == nullptr ? nullptr : DevicePtr<int64_t>(at.order),
+            e.slots};
+        return cuda::LaunchQueryAttention(
+            keys, DevicePtr<float>(at.second), DevicePtr<int64_t>(at.third),
+            p.rows, e.query_heads, DevicePtr<float>(at.out), workspace,
+            stream_);
+      }
+    }
+    return cudaErrorInvalidValue;
+  }
 
   template <typename T>
-  T* DevicePtr(size_t offset) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  T* DevicePtr(size_t offset) {
     return reinterpret_cast<T*>(device_staging_ + offset);
   }
 
   // Grows both staging buffers to at least `bytes` (doubling, so a
   // session's steady state allocates nothing).
-  absl::Status Reserve(size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  absl::Status Reserve(size_t bytes) {
     if (absl::Status s = CudaStatus(cudaSetDevice(ordinal_), "selecting");
         !s.ok()) {
       return s;
@@ -297,8 +468,7 @@ class CudaMemory final : public PageMemory {
   }
 
   // Copies staging [from, from + bytes) to the device.
-  absl::Status Upload(size_t from, size_t bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  absl::Status Upload(size_t from, size_t bytes) {
     if (bytes == 0) return absl::OkStatus();
     return CudaStatus(
         cudaMemcpyAsync(device_staging_ + from, pinned_staging_ + from, bytes,
@@ -309,7 +479,7 @@ class CudaMemory final : public PageMemory {
   // Checks the launch, downloads staging [from, from + bytes) and waits for
   // the stream.
   absl::Status Finish(cudaError_t launch, absl::string_view what, size_t from,
-                      size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                      size_t bytes) {
     const std::string where = absl::StrCat(what, " on cuda:", ordinal_);
     if (absl::Status s = CudaStatus(launch, where); !s.ok()) return s;
     if (bytes > 0) {
@@ -325,14 +495,148 @@ class CudaMemory final : public PageMemory {
   }
 
   const int32_t ordinal_;
+  std::byte* const arena_;
+  cudaStream_t stream_ = nullptr;
+  std::byte* device_staging_ = nullptr;
+  std::byte* pinned_staging_ = nullptr;
+  size_t staging_bytes_ = 0;
+  // Reused per batch: where each piece and each moves entry is staged.
+  std::vector<PieceAt> piece_at_;
+  std::vector<MovesAt> entries_at_;
+};
+
+// Lanes a pool keeps at most: calls beyond that many at once wait for one.
+// Each holds staging as large as the largest call it ran.
+constexpr size_t kMaxLanes = 4;
+
+class CudaMemory final : public PageMemory {
+ public:
+  static absl::StatusOr<std::unique_ptr<PageMemory>> Create(int32_t ordinal,
+                                                            int64_t bytes) {
+    const std::string where = absl::StrCat("cuda:", ordinal);
+    if (absl::Status s = CudaStatus(cudaSetDevice(ordinal),
+                                    absl::StrCat("selecting ", where));
+        !s.ok()) {
+      return s;
+    }
+    std::unique_ptr<CudaMemory> memory(new CudaMemory(ordinal, bytes));
+    void* arena = nullptr;
+    if (absl::Status s = CudaStatus(
+            cudaMalloc(&arena, static_cast<size_t>(bytes)),
+            absl::StrCat("reserving a pool of ", bytes, " bytes on ", where));
+        !s.ok()) {
+      return s;
+    }
+    memory->arena_ = static_cast<std::byte*>(arena);
+    return std::unique_ptr<PageMemory>(std::move(memory));
+  }
+
+  ~CudaMemory() override {
+    // Errors here have no one to go to (a destructor cannot fail, and the
+    // process is letting the device go); the calls before it reported any
+    // error the device had. The lanes wait for their streams first.
+    {
+      absl::MutexLock lock(&mu_);
+      free_lanes_.clear();
+      lanes_.clear();
+    }
+    cudaSetDevice(ordinal_);
+    cudaFree(arena_);
+  }
+
+  Device device() const override {
+    return Device{Device::Kind::kCuda, ordinal_};
+  }
+  absl::Status CheckLayout(const PageLayout& layout) const override {
+    if (!cuda::QueryAttentionSupportsHeadDim(layout.head_dim)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "head_dim ", layout.head_dim,
+          " has no CUDA query-scoring kernel (built for 64, 80, 96, 128 and "
+          "256)"));
+    }
+    return absl::OkStatus();
+  }
+  int64_t bytes() const override { return bytes_; }
+  std::byte* device_arena() override { return arena_; }
+
+  absl::Status WriteSlots(const PageLayout& layout,
+                          std::span<const PageId> pages, int64_t first,
+                          int64_t n, const std::byte* keys,
+                          const std::byte* values) override {
+    StepBatch batch(layout);
+    batch.AddWrite(pages, first, n, keys, values);
+    return batch.empty() ? absl::OkStatus() : DoRunStep(batch);
+  }
+
+  absl::Status ReadSlots(const PageLayout& layout,
+                         std::span<const PageId> pages, int64_t first,
+                         int64_t n, std::byte* keys,
+                         std::byte* values) override {
+    if (n <= 0) return absl::OkStatus();
+    return WithLane([&](Lane& lane) {
+      return lane.Read(layout, pages, first, n, keys, values);
+    });
+  }
+
+  absl::StatusOr<SharedPool> Share() const override {
+    cudaIpcMemHandle_t handle;
+    if (absl::Status s =
+            CudaStatus(cudaSetDevice(ordinal_), "selecting the pool's device");
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = CudaStatus(cudaIpcGetMemHandle(&handle, arena_),
+                                    "taking the pool's IPC handle");
+        !s.ok()) {
+      return s;
+    }
+    return SharedPool{
+        "", std::string(reinterpret_cast<const char*>(&handle), sizeof handle)};
+  }
+
+ protected:
+  absl::Status DoRunStep(const StepBatch& batch) override {
+    return WithLane([&](Lane& lane) { return lane.Run(batch); });
+  }
+
+ private:
+  CudaMemory(int32_t ordinal, int64_t bytes)
+      : ordinal_(ordinal), bytes_(bytes) {}
+
+  // Runs use(lane) on a lane no other call holds: a free one, a new one
+  // while there are fewer than kMaxLanes, else the first to come free.
+  template <typename Use>
+  absl::Status WithLane(Use use) ABSL_LOCKS_EXCLUDED(mu_) {
+    Lane* lane = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      if (free_lanes_.empty() && lanes_.size() < kMaxLanes) {
+        absl::StatusOr<std::unique_ptr<Lane>> made =
+            Lane::Create(ordinal_, arena_);
+        if (!made.ok()) return made.status();
+        lanes_.push_back(*std::move(made));
+        free_lanes_.push_back(lanes_.back().get());
+      }
+      mu_.Await(absl::Condition(this, &CudaMemory::HasFreeLane));
+      lane = free_lanes_.back();
+      free_lanes_.pop_back();
+    }
+    absl::Status status = use(*lane);
+    absl::MutexLock lock(&mu_);
+    free_lanes_.push_back(lane);
+    return status;
+  }
+  bool HasFreeLane() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !free_lanes_.empty();
+  }
+
+  const int32_t ordinal_;
   const int64_t bytes_;
   std::byte* arena_ = nullptr;
-  cudaStream_t stream_ = nullptr;
 
   absl::Mutex mu_;
-  std::byte* device_staging_ ABSL_GUARDED_BY(mu_) = nullptr;
-  std::byte* pinned_staging_ ABSL_GUARDED_BY(mu_) = nullptr;
-  size_t staging_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::unique_ptr<Lane>> lanes_ ABSL_GUARDED_BY(mu_);
+  std::vector<Lane*> free_lanes_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

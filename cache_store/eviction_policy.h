@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "kernels/accumulate.h"
 #include "kernels/selection.h"
 
 namespace kvkeep {
@@ -98,15 +99,16 @@ class EvictionPolicy {
                              std::vector<int32_t>* victims) const = 0;
 
  protected:
-  // score[s] += every row's attention to s: the accumulation of h2o and its
-  // relatives.
-  static void AddRows(LayerTokens& t, const StepAttention& step) {
-    float* __restrict score = t.score.data();
-    for (int32_t r = 0; r < step.num_rows; ++r) {
-      const float* __restrict row = step.row(r);
-#pragma omp simd
-      for (int64_t s = 0; s < step.num_slots; ++s) score[s] += row[s];
-    }
+  // score[s] += every row's attention to s, row by row: the accumulation of
+  // h2o and its relatives. The one accumulation there is, AccumulateScores
+  // (kernels/accumulate.h, twin of
+  // kernels/cuda/device_state/accumulate.h), with the rows
+  // already summed over heads.
+  static void AccumulateRows(LayerTokens& t, const StepAttention& step) {
+    const AccumulateLayer layer{step.rows, t.score.data(), nullptr,
+                                step.num_slots};
+    AccumulateScores({&layer, 1}, /*query_heads=*/1, /*kv_heads=*/1,
+                     step.num_rows);
   }
   bool IsProtected(int64_t arrival, int64_t appended) const {
     return arrival < common_.sinks || arrival >= appended - common_.recent;

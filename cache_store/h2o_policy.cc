@@ -23,7 +23,7 @@ class H2OPolicy final : public EvictionPolicy {
     return EvictionTrigger::kOnAttention;
   }
   void Observe(LayerTokens t, const StepAttention& step) const override {
-    AddRows(t, step);
+    AccumulateRows(t, step);
   }
   void SelectVictims(LayerTokens t, int64_t count,
                      std::vector<RankedItem>& scratch,

@@ -10,12 +10,10 @@
 #include <cerrno>
 #include <cstring>
 #include <new>
-#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "kernels/attention.h"
 #include "kernels/slot_copy.h"
 
 namespace kvkeep {
@@ -56,27 +54,6 @@ class HostMemory final : public PageMemory {
     ReadSlotBytes(arena(), layout, pages.data(), first, n, keys, values);
     return absl::OkStatus();
   }
-  absl::Status MoveSlots(const PageLayout& layout,
-                         std::span<const PageId> pages,
-                         std::span<const SlotMove> moves) override {
-    MoveSlotBytes(arena(), layout, pages, moves);
-    return absl::OkStatus();
-  }
-  absl::Status ScoreQueries(const PageLayout& layout,
-                            std::span<const PageId> pages,
-                            std::span<const int64_t> order,
-                            const float* queries, const int64_t* row_order,
-                            int32_t rows, int32_t query_heads,
-                            float* out) override {
-    // Reused per thread: the logits of one row, every query head.
-    thread_local std::vector<float> scratch;
-    const int64_t slots = static_cast<int64_t>(order.size());
-    scratch.resize(int64_t{query_heads} * slots + layout.head_dim);
-    const PagedKeys keys{arena(), layout, pages, order, slots};
-    QueryAttention(keys, queries, row_order, rows, query_heads, out,
-                   scratch.data());
-    return absl::OkStatus();
-  }
   absl::StatusOr<SharedPool> Share() const override {
     if (mapping_ == nullptr) {
       return absl::FailedPreconditionError(
@@ -84,6 +61,12 @@ class HostMemory final : public PageMemory {
           "sharing on (share_pools) to map it from another process");
     }
     return SharedPool{shm_name_, ""};
+  }
+
+ protected:
+  absl::Status DoRunStep(const StepBatch& batch) override {
+    RunStepOnHost(arena(), batch);
+    return absl::OkStatus();
   }
 
  private:

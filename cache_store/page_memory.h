@@ -1,6 +1,7 @@
 // PageMemory: where one pool's page bytes live (host memory, or one GPU) and
-// the work that touches those bytes: writing and reading slots, moving slots
-// during compaction, and scoring queries against the resident keys. The pool
+// the work that touches those bytes: writing and reading slots, and a
+// session call's batch of compaction moves, new tokens' writes and query
+// scoring (step_batch.h), run at once. The pool
 // owns the allocation of pages; the memory knows nothing of owners. Per-token
 // state (positions, scores) stays with the session on the host.
 //
@@ -9,10 +10,13 @@
 // so a session behaves identically on both, byte for byte.
 //
 // Thread-safe: calls touching disjoint pages may run concurrently (the CUDA
-// memory serialises them on its one stream).
+// memory serialises them on its one stream). A page freed to the pool must
+// not be named by a call still running (the session frees its pages after
+// the batch that last touched them has run).
 #ifndef KVKEEP_CACHE_STORE_PAGE_MEMORY_H_
 #define KVKEEP_CACHE_STORE_PAGE_MEMORY_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -22,7 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "kernels/compaction.h"
+#include "cache_store/step_batch.h"
 #include "kernels/page_layout.h"
 
 namespace kvkeep {
@@ -84,22 +88,31 @@ class PageMemory {
                                  std::span<const PageId> pages, int64_t first,
                                  int64_t n, std::byte* keys,
                                  std::byte* values) = 0;
-  // MoveSlotBytes (kernels/compaction.h) over this memory.
-  virtual absl::Status MoveSlots(const PageLayout& layout,
-                                 std::span<const PageId> pages,
-                                 std::span<const SlotMove> moves) = 0;
-  // QueryAttention (kernels/attention.h) over the keys in this memory, with
-  // host inputs and output: queries [rows][query_heads][head_dim],
-  // row_order [rows], out [rows][order.size()].
-  virtual absl::Status ScoreQueries(const PageLayout& layout,
-                                    std::span<const PageId> pages,
-                                    std::span<const int64_t> order,
-                                    const float* queries,
-                                    const int64_t* row_order, int32_t rows,
-                                    int32_t query_heads, float* out) = 0;
+  // Runs a session call's page work (step_batch.h) over this memory and
+  // returns when all of it is done: moves and writes applied, scoring outputs
+  // in their host buffers. The CUDA memory waits on its device once per
+  // batch (more only when a batch's scoring outputs exceed its staging
+  // bound). Callers validate ranges; this only fails on a device error (the
+  // status says which), after which the bytes the batch touches are unknown.
+  absl::Status RunStep(const StepBatch& batch) {
+    if (batch.empty()) return absl::OkStatus();
+    batches_run_.fetch_add(1, std::memory_order_relaxed);
+    return DoRunStep(batch);
+  }
+  // Non-empty batches run so far (for tests and monitoring).
+  int64_t batches_run() const {
+    return batches_run_.load(std::memory_order_relaxed);
+  }
   // A handle another process can map, if this memory was made shareable
   // (FAILED_PRECONDITION otherwise).
   virtual absl::StatusOr<SharedPool> Share() const = 0;
+
+ protected:
+  // RunStep's work, for a non-empty batch.
+  virtual absl::Status DoRunStep(const StepBatch& batch) = 0;
+
+ private:
+  std::atomic<int64_t> batches_run_{0};
 };
 
 // `bytes` of host memory; with `shareable`, in a POSIX shared-memory object

@@ -33,10 +33,10 @@ class ScissorhandsPolicy final : public EvictionPolicy {
     // row[s] sums query_heads heads: compare against heads * threshold / n.
     const float cut = threshold_ * static_cast<float>(step.query_heads) /
                       static_cast<float>(step.num_slots);
+    AccumulateRows(t, step);
     for (int32_t r = 0; r < step.num_rows; ++r) {
       const float* row = step.row(r);
       for (int64_t s = 0; s < step.num_slots; ++s) {
-        t.score[s] += row[s];
         t.history[s] = (t.history[s] << 1) | (row[s] < cut ? 1u : 0u);
       }
     }

@@ -19,6 +19,7 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 struct AttentionScratch {
   std::vector<float> rows;
   std::vector<int64_t> offsets;
+  std::vector<int64_t> row_order;      // one scoring's query rows' order
   std::vector<const float*> row_ptrs;  // per layer update: its rows
   std::vector<uint8_t> seen;           // per layer: named in this call
 };
@@ -75,7 +76,8 @@ Session::Session(SessionId id, const ModelLayout& layout, PagePool* pool,
       pool_(pool),
       policy_(std::move(policy)),
       quota_(std::move(quota)),
-      layers_(layout.num_layers) {
+      layers_(layout.num_layers),
+      batch_(page_layout_) {
   for (size_t l = 0; l < layers_.size(); ++l) {
     layers_[l].budget = layer_budgets[l];
   }
@@ -261,6 +263,16 @@ absl::Status Session::DeviceCheck(absl::Status status) const {
   return device_error_;
 }
 
+void Session::RunBatch() {
+  DeviceCheck(pool_->memory().RunStep(batch_))
+      .IgnoreError();  // recorded in device_error_, reported by the caller
+  batch_.Clear();
+  if (!pending_free_.empty()) {
+    FreePages(pending_free_);
+    pending_free_.clear();
+  }
+}
+
 void Session::Evict(Layer& layer, int64_t count, int64_t appended_view,
                     int64_t incoming, LayerChange& change) {
   if (count <= 0) return;
@@ -282,8 +294,7 @@ void Session::Evict(Layer& layer, int64_t count, int64_t appended_view,
 
   const std::vector<SlotMove> moves =
       PlanCompaction(victims_, old_size, evicted_flags_);
-  DeviceCheck(pool_->memory().MoveSlots(page_layout_, layer.pages, moves))
-      .IgnoreError();  // recorded in device_error_, reported by the caller
+  batch_.AddMoves(layer.pages, moves);
   MoveSlotValues(layer.position, moves, new_size);
   MoveSlotValues(layer.arrival, moves, new_size);
   MoveSlotValues(layer.score, moves, new_size);
@@ -296,7 +307,8 @@ void Session::Evict(Layer& layer, int64_t count, int64_t appended_view,
                         CeilDiv(new_size + incoming, layout_.page_tokens));
   const std::span<const PageId> freed(layer.pages.begin() + keep_pages,
                                       layer.pages.end());
-  FreePages(freed);
+  // The moves still read them: back to the pool once the batch has run.
+  pending_free_.insert(pending_free_.end(), freed.begin(), freed.end());
   change.pages_freed.insert(change.pages_freed.end(), freed.begin(),
                             freed.end());
   layer.pages.resize(keep_pages);
@@ -342,7 +354,9 @@ absl::Status Session::ValidateAppend(const AppendRequest& request) const {
 absl::StatusOr<StepResult> Session::Append(const AppendRequest& request) {
   if (!device_error_.ok()) return device_error_;
   if (absl::Status s = ValidateAppend(request); !s.ok()) return s;
-  return AfterDevice(ApplyAppend(request));
+  absl::StatusOr<StepResult> result = ApplyAppend(request);
+  RunBatch();
+  return AfterDevice(std::move(result));
 }
 
 absl::StatusOr<StepResult> Session::ApplyAppend(const AppendRequest& request) {
@@ -428,15 +442,11 @@ absl::StatusOr<StepResult> Session::ApplyAppend(const AppendRequest& request) {
     // [0, drop_begin) and [drop_begin + drop, n).
     const LayerKv& kv = request.layers[l];
     const int64_t tail = plan.drop_begin + plan.drop;
-    DeviceCheck(pool_->memory().WriteSlots(page_layout_, layer.pages, first,
-                                           plan.drop_begin, kv.keys.data(),
-                                           kv.values.data()))
-        .IgnoreError();  // recorded in device_error_, reported by Append
-    DeviceCheck(pool_->memory().WriteSlots(
-                    page_layout_, layer.pages, first + plan.drop_begin,
-                    n - tail, kv.keys.data() + tail * token_bytes,
-                    kv.values.data() + tail * token_bytes))
-        .IgnoreError();
+    batch_.AddWrite(layer.pages, first, plan.drop_begin, kv.keys.data(),
+                    kv.values.data());
+    batch_.AddWrite(layer.pages, first + plan.drop_begin, n - tail,
+                    kv.keys.data() + tail * token_bytes,
+                    kv.values.data() + tail * token_bytes);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t arrival = layer.appended++;
       if (i >= plan.drop_begin && i < tail) {
@@ -560,25 +570,35 @@ absl::Status Session::PrepareAttention(std::span<const LayerScores> scores,
 void Session::FinishAttention(std::span<const LayerScores> scores,
                               std::vector<const float*>& rows) {
   const ScopedTimer timer(&work_.scoring_time);
+  std::vector<int64_t>& row_order = ThreadScratch().row_order;
+  bool scoring = false;
   for (size_t i = 0; i < scores.size(); ++i) {
     const LayerScores& in = scores[i];
     if (in.source != ScoreSource::kQueries) continue;
     const Layer& layer = layers_[in.layer];
-    std::vector<int64_t> row_order(in.rows);
+    row_order.resize(in.rows);
     for (int32_t r = 0; r < in.rows; ++r) {
       row_order[r] = layer.appended - in.rows + r;
     }
-    DeviceCheck(pool_->memory().ScoreQueries(
-                    page_layout_, layer.pages, layer.arrival, in.data.data(),
-                    row_order.data(), in.rows, layout_.query_heads,
-                    const_cast<float*>(rows[i])))
-        .IgnoreError();  // recorded in device_error_, reported by the caller
+    // One row is the newest token's, which sees every resident slot: no
+    // causal order to stage.
+    const std::span<const int64_t> order =
+        in.rows == 1 ? std::span<const int64_t>() : layer.arrival;
+    batch_.AddScoring(layer.pages, order, layer.size(), in.data.data(),
+                      row_order, layout_.query_heads,
+                      const_cast<float*>(rows[i]));
+    scoring = true;
   }
+  // The policies need the rows now: run the step's device work so far (an
+  // append's moves and writes, then the scoring) as one batch.
+  if (scoring) RunBatch();
 }
 
 StepResult Session::ApplyAttention(std::span<const LayerScores> scores,
                                    std::span<const float* const> rows,
                                    bool compress) {
+  // Its evictions' moves run after the append's writes of this call.
+  batch_.NextStage();
   StepResult result = EmptyResult();
   for (size_t i = 0; i < scores.size(); ++i) {
     Layer& layer = layers_[scores[i].layer];
@@ -601,6 +621,7 @@ StepResult Session::ApplyAttention(std::span<const LayerScores> scores,
     result.layers[l].resident = layers_[l].size();
   }
   if (compress) compressed_ = true;
+  RunBatch();
   return result;
 }
 

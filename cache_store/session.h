@@ -3,8 +3,11 @@
 // original position, arrival order and policy state, and a version that every
 // change to the layer's slots bumps. It asks its policy what to evict and
 // compacts the survivors so no page has holes; emptied pages go back to the
-// pool at once. Every call either succeeds and reports what it changed, or
-// fails with a status and changes nothing.
+// pool before the call returns. A call's page work for every layer (moves,
+// writes, query scoring) runs as one batch on the pool's memory (one wait on
+// a CUDA device; two when store-scored queries evict). Every call either
+// succeeds and reports what it changed, or fails with a status and changes
+// nothing.
 //
 // Not thread-safe: the store serialises the calls on one session.
 #ifndef KVKEEP_CACHE_STORE_SESSION_H_
@@ -24,6 +27,7 @@
 #include "cache_store/score_input.h"
 #include "cache_store/session_snapshot.h"
 #include "cache_store/session_types.h"
+#include "cache_store/step_batch.h"
 #include "cache_store/store_observer.h"
 
 namespace kvkeep {
@@ -142,10 +146,10 @@ class Session {
   LayerTokens Tokens(Layer& layer);
   // Tokens to evict so the layer drops to budget - slack, if over budget.
   int64_t Excess(const Layer& layer) const;
-  // Evicts `count` tokens chosen by the policy, compacts, and frees the tail
-  // pages that neither the survivors nor `incoming` tokens about to be
-  // appended need. The policy sees `appended_view` tokens appended (for its
-  // recent window).
+  // Evicts `count` tokens chosen by the policy, records the compaction moves
+  // in batch_, and frees (after the batch) the tail pages that neither the
+  // survivors nor `incoming` tokens about to be appended need. The policy sees
+  // `appended_view` tokens appended (for its recent window).
   void Evict(Layer& layer, int64_t count, int64_t appended_view,
              int64_t incoming, LayerChange& change);
   absl::Status CheckLayerIndex(int32_t layer) const;
@@ -170,6 +174,10 @@ class Session {
   StepResult ApplyAttention(std::span<const LayerScores> scores,
                             std::span<const float* const> rows, bool compress);
   StepResult EmptyResult() const;
+  // Runs batch_ (the call's page work recorded so far) on the pool's memory,
+  // then returns pending_free_ to the pool. A device error is recorded in
+  // device_error_, which the caller reports.
+  void RunBatch();
   // Records the first failed page-memory call as device_error_ (a host pool
   // never fails) and returns device_error_.
   absl::Status DeviceCheck(absl::Status status) const;
@@ -190,6 +198,11 @@ class Session {
   SessionWork work_;
   bool compressed_ = false;
   mutable absl::Status device_error_;
+  // The page work of the current call, every layer (moves, writes, query
+  // scoring), run as one batch by RunBatch; and the pages its evictions
+  // emptied, freed once it has run (the moves read them until then).
+  StepBatch batch_;
+  std::vector<PageId> pending_free_;
   // Reused per call to avoid allocating on the hot path.
   std::vector<RankedItem> select_scratch_;
   std::vector<int32_t> victims_;

@@ -43,7 +43,7 @@ class SnapKvPolicy final : public EvictionPolicy {
   // The window's attention replaces the score: compression is one-shot.
   void Observe(LayerTokens t, const StepAttention& step) const override {
     std::fill(t.score.begin(), t.score.end(), 0.0f);
-    AddRows(t, step);
+    AccumulateRows(t, step);
   }
 
   void SelectVictims(LayerTokens t, int64_t count,

@@ -9,9 +9,25 @@ namespace {
 // L1 while every head's row of that block streams past.
 constexpr int64_t kBlockSlots = 256;
 
+// Rows already summed over heads (query_heads == 1, no kv-head scores): the
+// documented order is t = p, score = score + t, i.e. score += p row by row.
+void AddRows(const AccumulateLayer& layer, int32_t rows) {
+  const int64_t n = layer.slots;
+  float* __restrict scores = layer.scores;
+  for (int32_t r = 0; r < rows; ++r) {
+    const float* __restrict p = layer.probs + static_cast<int64_t>(r) * n;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) scores[i] += p[i];
+  }
+}
+
 void AccumulateOneLayer(const AccumulateLayer& layer, int32_t query_heads,
                         int32_t kv_heads, int32_t rows) {
   const int64_t n = layer.slots;
+  if (query_heads == 1 && layer.kv_head_scores == nullptr) {
+    AddRows(layer, rows);
+    return;
+  }
   const int32_t group = query_heads / kv_heads;
   float total[kBlockSlots];      // sum over the heads seen so far, row r
   float group_sum[kBlockSlots];  // the same over the current group's heads

@@ -1,10 +1,11 @@
 // Score accumulation for one step, all layers at once: the CPU twin of
-// kernels/cuda/accumulate.h. Each layer's attention probabilities are summed
-// over query heads and query rows into the layer's per-slot scores (h2o's
-// `score[j] += sum over h of attn[h][t][j]`) and, optionally, into per-kv-head
-// scores (the sum over the query heads of each GQA group), for the per-head
-// token sets that come later. Thread-safe (no shared state); the caller owns
-// every array.
+// kernels/cuda/device_state/accumulate.h. Each layer's attention probabilities
+// are summed over query heads and query rows into the layer's per-slot scores
+// (h2o's `score[j] += sum over h of attn[h][t][j]`) and, optionally, into
+// per-kv-head scores (the sum over the query heads of each GQA group), for the
+// per-head token sets that come later. It is the store's one accumulation:
+// every policy folds its rows in through it (EvictionPolicy::AccumulateRows).
+// Thread-safe (no shared state); the caller owns every array.
 #ifndef KVKEEP_KERNELS_ACCUMULATE_H_
 #define KVKEEP_KERNELS_ACCUMULATE_H_
 
@@ -27,7 +28,8 @@ struct AccumulateLayer {
 //   scores[s]            += sum over r, h of probs[h][r][s]
 //   kv_head_scores[g][s] += sum over r, h in [g*G, (g+1)*G) of probs[h][r][s]
 // Summation order, in float32 (the CUDA kernel uses the same order, so the
-// two agree bit for bit, and so does the host path's ReduceHeads + AddRows):
+// two agree bit for bit, and so does summing the heads first with
+// ReduceHeads and then the rows with query_heads = 1, as the policies do):
 //   for r = 0 .. rows-1:
 //     t = probs[0][r][s] + probs[1][r][s] + ...   (left to right over h)
 //     scores[s] = scores[s] + t

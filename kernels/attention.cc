@@ -179,7 +179,7 @@ void QueryAttention(const PagedKeys& keys, const float* queries,
     float* logits = scratch;  // [query_heads][n]
     // Logits, one key load per (slot, kv head) shared by its query heads.
     for (int64_t s = 0; s < n; ++s) {
-      const bool visible = keys.order[s] <= row_order[r];
+      const bool visible = keys.order.empty() || keys.order[s] <= row_order[r];
       const PageId page = keys.pages[s / lay.page_tokens];
       const std::byte* k_base =
           keys.arena +

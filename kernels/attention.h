@@ -32,8 +32,10 @@ RowCheck CheckRows(const float* rows_data, int32_t rows, int64_t slots);
 struct PagedKeys {
   const std::byte* arena = nullptr;
   PageLayout layout;
-  std::span<const PageId> pages;   // block table: slot s is in pages[s / P]
-  std::span<const int64_t> order;  // per slot: causal order (arrival index)
+  std::span<const PageId> pages;  // block table: slot s is in pages[s / P]
+  // Per slot: causal order (arrival index). Empty: every slot is visible to
+  // every row (a decode step's one row, the newest token, sees them all).
+  std::span<const int64_t> order;
   int64_t slots = 0;
 };
 

@@ -1,8 +1,8 @@
 // Page aggregation for page-level eviction (h2o_page): per full page of a
 // layer, the mean score of its tokens, its oldest token and whether it may be
 // evicted whole. The CPU twin of LaunchPageScores in
-// kernels/cuda/pooling.h. Thread-safe (no shared state); the caller owns every
-// array.
+// kernels/cuda/device_state/pooling.h. Thread-safe (no shared state); the
+// caller owns every array.
 #ifndef KVKEEP_KERNELS_PAGE_SCORES_H_
 #define KVKEEP_KERNELS_PAGE_SCORES_H_
 

@@ -78,8 +78,9 @@ void SelectLowest(int64_t n, int64_t k, KeyFn key, TieFn tie,
 }
 
 // Appends to *out the k lowest-ranked unprotected slots of a layer, in rank
-// order: the CPU twin of the CUDA selection kernel (kernels/cuda/selection.h)
-// and the rule EvictionPolicy::SelectLowestUnprotected applies.
+// order: the CPU twin of the CUDA selection kernel
+// (kernels/cuda/device_state/selection.h) and the rule
+// EvictionPolicy::SelectLowestUnprotected applies.
 //   scores, arrival: [slots]; arrival is the slot's 0-based arrival order in
 //     the layer, unique per slot.
 // A slot is eligible when sinks <= arrival < appended - recent (the first

@@ -3,8 +3,8 @@
 // over awkward sizes (GQA 1, 4, 8; rows 1 and 3; slots 1 .. 1001, not
 // multiples of the block; empty layers; kv_head_scores present or not), and
 // bit for bit against the summation order its header states (which is what
-// lets the CUDA kernel and the host path's ReduceHeads + AddRows match it
-// exactly).
+// lets the CUDA kernel and the host path, ReduceHeads then the policies'
+// AccumulateScores over head-summed rows, match it exactly).
 //
 // Tolerance against the double reference: a float32 recursive sum of m terms
 // is within (m - 1) * 2^-24 * (sum of |terms|) of the exact sum (Higham,
@@ -210,9 +210,11 @@ TEST(AccumulateScoresTest, FollowsTheStatedSummationOrderExactly) {
   }
 }
 
-// The host path sums heads with ReduceHeads, then adds rows in order (h2o's
-// AddRows): the twin gives the same floats, so switching a backend between
-// the two changes no eviction.
+// The host path sums heads with ReduceHeads, then the policies add the rows
+// in order with AccumulateScores(query_heads = 1) (EvictionPolicy::
+// AccumulateRows): both give the floats of a plain row-by-row sum and of the
+// one-pass accumulation over every head, so switching a backend between the
+// two changes no eviction.
 TEST(AccumulateScoresTest, BitIdenticalToReduceHeadsThenAddRows) {
   for (int32_t heads : {1, 3, 4, 8, 32}) {
     for (int32_t rows : {1, 4}) {
@@ -227,10 +229,14 @@ TEST(AccumulateScoresTest, BitIdenticalToReduceHeadsThenAddRows) {
       for (int32_t r = 0; r < rows; ++r) {
         for (int64_t s = 0; s < n; ++s) want[s] += reduced[r * n + s];
       }
+      std::vector<float> policy(l.scores.begin(), l.scores.begin() + n);
+      const AccumulateLayer summed{reduced.data(), policy.data(), nullptr, n};
+      AccumulateScores({&summed, 1}, /*query_heads=*/1, /*kv_heads=*/1, rows);
       const AccumulateLayer view = l.view(false);
       AccumulateScores({&view, 1}, heads, 1, rows);
       for (int64_t s = 0; s < n; ++s) {
         ASSERT_EQ(l.scores[s], want[s]) << "slot " << s;
+        ASSERT_EQ(policy[s], want[s]) << "slot " << s;
       }
     }
   }

@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(kLogitThreads)
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * kSlotsPerBlock;
   const int64_t end = begin + kSlotsPerBlock < n ? begin + kSlotsPerBlock : n;
   for (int64_t s = begin + warp; s < end; s += kLogitWarps) {
-    if (keys.order[s] > limit) {  // not visible: -inf, as in the twin
+    if (keys.order != nullptr && keys.order[s] > limit) {  // -inf, as the twin
       for (int32_t j = lane; j < group; j += kWarpSize) {
         logits_group[static_cast<int64_t>(j) * n + s] = -INFINITY;
       }

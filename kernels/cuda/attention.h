@@ -25,8 +25,10 @@ namespace kvkeep::cuda {
 struct DevicePagedKeys {
   const std::byte* arena = nullptr;  // the page arena (see page_layout.h)
   PageLayout layout;
-  const PageId* pages = nullptr;   // [ceil(slots / page_tokens)] block table
-  const int64_t* order = nullptr;  // [slots] causal order (arrival index)
+  const PageId* pages = nullptr;  // [ceil(slots / page_tokens)] block table
+  // [slots] causal order (arrival index); null: every slot is visible to
+  // every row (the twin's empty order).
+  const int64_t* order = nullptr;
   int64_t slots = 0;
 };
 

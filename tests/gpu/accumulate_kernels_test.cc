@@ -1,5 +1,5 @@
-// LaunchAccumulate (kernels/cuda/accumulate.h) against its CPU twin
-// AccumulateScores: every layer of a step in one launch, over GQA 1, 4, 8;
+// LaunchAccumulate (kernels/cuda/device_state/accumulate.h) against its CPU
+// twin AccumulateScores: every layer of a step in one launch, over GQA 1, 4, 8;
 // rows 1 and 3; kv_head_scores present or not; layers of awkward sizes
 // (empty, 1, 3, 7, 16, 17, multiples of 4 that take the float4 path, and a
 // layer whose arrays are offset by one float so it takes the scalar path).
@@ -22,7 +22,7 @@
 #include "gpu/gpu_testing.h"
 #include "gtest/gtest.h"
 #include "kernels/accumulate.h"
-#include "kernels/cuda/accumulate.h"
+#include "kernels/cuda/device_state/accumulate.h"
 
 namespace kvkeep {
 namespace {

@@ -1,5 +1,6 @@
-// The GPU compaction kernels (kernels/cuda/compaction.h) against their CPU
-// twins (kernels/compaction.h), exactly: the byte move over page sizes 1, 3,
+// The GPU compaction kernels (kernels/cuda/compaction.h, and the device plan
+// of kernels/cuda/device_state/plan_compaction.h) against their CPU twins
+// (kernels/compaction.h), exactly: the byte move over page sizes 1, 3,
 // 7, 16, 17, head dims 64, 80, 128, every dtype and every copy width; the
 // plan against PlanCompaction, bad victims included; the multi-layer move of
 // bytes and per-slot values; and the whole step chained on the device
@@ -19,7 +20,8 @@
 #include "gtest/gtest.h"
 #include "kernels/compaction.h"
 #include "kernels/cuda/compaction.h"
-#include "kernels/cuda/selection.h"
+#include "kernels/cuda/device_state/plan_compaction.h"
+#include "kernels/cuda/device_state/selection.h"
 #include "kernels/selection.h"
 
 namespace kvkeep {
@@ -70,8 +72,9 @@ std::vector<SlotMove> Plan(const std::vector<int32_t>& victims, int64_t n) {
   return PlanCompaction(victims, n, scratch);
 }
 
-// Runs LaunchMoveSlotBytes on a copy of the arena placed `offset` bytes into
-// a device buffer (offset != 0 forces narrower copy words).
+// Runs LaunchCompactLayers for one layer, bytes only (as the CUDA page memory
+// does), on a copy of the arena placed `offset` bytes into a device buffer
+// (offset != 0 forces narrower copy words).
 std::vector<std::byte> GpuMoveBytes(const Arena& a,
                                     const std::vector<PageId>& table,
                                     const std::vector<SlotMove>& moves,
@@ -81,11 +84,17 @@ std::vector<std::byte> GpuMoveBytes(const Arena& a,
   DeviceArray<std::byte> arena(padded);
   DeviceArray<PageId> pages(table);
   DeviceArray<SlotMove> device_moves(moves);
-  EXPECT_TRUE(arena.ok() && pages.ok() && device_moves.ok());
-  EXPECT_EQ(cuda::LaunchMoveSlotBytes(
-                arena.get() + offset, a.layout, pages.get(), device_moves.get(),
-                static_cast<int32_t>(moves.size()), nullptr),
-            cudaSuccess);
+  DeviceArray<int32_t> count(
+      std::vector<int32_t>{static_cast<int32_t>(moves.size())});
+  DeviceArray<cuda::CompactLayer> layer(std::vector<cuda::CompactLayer>{
+      {pages.get(), device_moves.get(), count.get(), nullptr, nullptr, nullptr,
+       nullptr}});
+  EXPECT_TRUE(arena.ok() && pages.ok() && device_moves.ok() && count.ok() &&
+              layer.ok());
+  EXPECT_EQ(
+      cuda::LaunchCompactLayers(arena.get() + offset, a.layout, layer.get(), 1,
+                                static_cast<int32_t>(moves.size()), nullptr),
+      cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<std::byte> out = arena.ToHost();
   return {out.begin() + offset, out.end()};
@@ -477,19 +486,17 @@ TEST(CompactionKernelTest, RejectsBadArguments) {
   const PageLayout layout{16, 8, 128, DType::kBF16};
   std::byte fake[16] = {};
   auto* arena = fake;
-  const auto* pages = reinterpret_cast<const PageId*>(fake);
-  const auto* moves = reinterpret_cast<const SlotMove*>(fake);
+  const auto* compact = reinterpret_cast<const cuda::CompactLayer*>(fake);
   // Nothing to move: success without a launch.
-  EXPECT_EQ(cuda::LaunchMoveSlotBytes(arena, layout, pages, moves, 0, nullptr),
+  EXPECT_EQ(cuda::LaunchCompactLayers(arena, layout, compact, 0, 10, nullptr),
             cudaSuccess);
-  EXPECT_EQ(cuda::LaunchMoveSlotBytes(arena, layout, pages, moves, -1, nullptr),
+  EXPECT_EQ(cuda::LaunchCompactLayers(arena, layout, compact, 2, -1, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(cuda::LaunchMoveSlotBytes(arena, PageLayout{0, 8, 128}, pages,
-                                      moves, 3, nullptr),
+  EXPECT_EQ(cuda::LaunchCompactLayers(arena, PageLayout{0, 8, 128}, compact, 2,
+                                      10, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(
-      cuda::LaunchMoveSlotBytes(nullptr, layout, pages, moves, 3, nullptr),
-      cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::LaunchCompactLayers(nullptr, layout, compact, 2, 10, nullptr),
+            cudaErrorInvalidValue);
   EXPECT_EQ(cuda::PlanCompactionWorkspaceBytes(3, 0), 0u);
   const size_t need = cuda::PlanCompactionWorkspaceBytes(3, 100);
   EXPECT_GE(need, 3 * 100 * (sizeof(int32_t) + 1));
@@ -500,9 +507,6 @@ TEST(CompactionKernelTest, RejectsBadArguments) {
             cudaErrorInvalidValue);
   EXPECT_EQ(cuda::LaunchPlanCompaction(plan, 3, -1, fake, need, nullptr),
             cudaErrorInvalidValue);
-  const auto* compact = reinterpret_cast<const cuda::CompactLayer*>(fake);
-  EXPECT_EQ(cuda::LaunchCompactLayers(arena, layout, compact, 0, 10, nullptr),
-            cudaSuccess);
   EXPECT_EQ(
       cuda::LaunchCompactLayers(arena, layout, compact, 70000, 10, nullptr),
       cudaErrorInvalidValue);

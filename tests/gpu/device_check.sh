@@ -4,10 +4,14 @@
 # packages. It builds the core, the CUDA kernels and their tests with every
 # core (gRPC services left out), runs
 #   1. the GPU tests (label gpu): each CUDA kernel against its CPU twin,
-#      the CUDA page memory, CUDA IPC from a second process;
+#      the CUDA page memory's step batches against the host memory's
+#      (gpu_step_batch_test), CUDA IPC from a second process;
 #   2. the whole store suite with its pools on the GPU
-#      (KVKEEP_TEST_DEVICE=cuda:0);
-#   3. the kernel benchmarks (bench/gpu/kernel_bench);
+#      (KVKEEP_TEST_DEVICE=cuda:0), so every session call runs its batches
+#      on the CUDA memory (step_batch_test counts them);
+#   3. the kernel benchmarks (bench/gpu/kernel_bench) and the decode step's
+#      batch through the CUDA page memory, 32 layers at 32k tokens
+#      (bench/gpu/step_bench: step=... us=... against target_us=400);
 # and writes summary.txt and the logs under $OUT (or ./device-check-out).
 # It ends well inside 8 minutes: each step has its own timeout.
 #
@@ -106,14 +110,17 @@ run_ctest gpu_tests 150 -L gpu
 if [ $have_gpu -eq 1 ]; then
   say "== the store suite on cuda:0"
   KVKEEP_TEST_DEVICE=cuda:0 run_ctest store_on_cuda 150 -LE gpu
-  say "== kernel benchmarks"
-  if timeout 90 "$build/bin/kernel_bench" >"$out/kernel_bench.log" 2>&1; then
-    grep -E "^(kernel=|peak|device)" "$out/kernel_bench.log" | tee -a "$summary"
-  else
-    say "FAIL: kernel_bench (kernel_bench.log)"
-    tail -20 "$out/kernel_bench.log"
-    status=1
-  fi
+  say "== kernel and step benchmarks"
+  for bench in kernel_bench step_bench; do
+    if timeout 90 "$build/bin/$bench" >"$out/$bench.log" 2>&1; then
+      grep -E "^(kernel=|step=|peak|device)" "$out/$bench.log" |
+        tee -a "$summary"
+    else
+      say "FAIL: $bench ($bench.log)"
+      tail -20 "$out/$bench.log"
+      status=1
+    fi
+  done
 else
   say "== the store suite on the host (no GPU)"
   run_ctest store_on_host 150 -LE gpu

@@ -1,5 +1,6 @@
-// LaunchPageScores and LaunchPool1d (kernels/cuda/pooling.h) against their
-// CPU twins PageScores (kernels/page_scores.h) and Pool1d (kernels/pooling.h).
+// LaunchPageScores and LaunchPool1d (kernels/cuda/device_state/pooling.h)
+// against their CPU twins PageScores (kernels/page_scores.h) and Pool1d
+// (kernels/pooling.h).
 //
 // Exact equality throughout. Oldest, eligibility and max pooling are
 // order-free. The page mean and the average pool are float sums, but kernel
@@ -22,7 +23,7 @@
 
 #include "gpu/gpu_testing.h"
 #include "gtest/gtest.h"
-#include "kernels/cuda/pooling.h"
+#include "kernels/cuda/device_state/pooling.h"
 #include "kernels/page_scores.h"
 #include "kernels/pooling.h"
 

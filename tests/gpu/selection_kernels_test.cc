@@ -1,12 +1,12 @@
-// The GPU selection kernel (kernels/cuda/selection.h) against its CPU twin
-// SelectLowestUnprotected: the same victims in the same order, exactly, for
-// every layer of a multi-layer launch. Sweeps sizes (both sort paths: gathered
-// victims in shared memory and in the workspace), many equal scores, -0.0
-// against 0.0, infinities and subnormals, k = 0, 1, a page, k above the
-// eligible count, all protected, arrivals near 2^32, and layers the kernel
-// must refuse. Skipped without a CUDA device, except the argument checks,
-// which return before touching the device.
-// cudaMalloc<T>, which DeviceArray<T> calls, is declared here.
+// The GPU selection kernel (kernels/cuda/device_state/selection.h) against its
+// CPU twin SelectLowestUnprotected: the same victims in the same order,
+// exactly, for every layer of a multi-layer launch. Sweeps sizes (both sort
+// paths: gathered victims in shared memory and in the workspace), many equal
+// scores, -0.0 against 0.0, infinities and subnormals, k = 0, 1, a page, k
+// above the eligible count, all protected, arrivals near 2^32, and layers the
+// kernel must refuse. Skipped without a CUDA device, except the argument
+// checks, which return before touching the device. cudaMalloc<T>, which
+// DeviceArray<T> calls, is declared here.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -19,7 +19,7 @@
 
 #include "gpu/gpu_testing.h"
 #include "gtest/gtest.h"
-#include "kernels/cuda/selection.h"
+#include "kernels/cuda/device_state/selection.h"
 #include "kernels/selection.h"
 
 namespace kvkeep {

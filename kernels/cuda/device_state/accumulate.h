@@ -3,8 +3,8 @@
 // contract, same summation order, so the two agree bit for bit.
 // Stateless; thread-safe. Launchers enqueue on the given stream and never
 // synchronise.
-#ifndef KVKEEP_KERNELS_CUDA_ACCUMULATE_H_
-#define KVKEEP_KERNELS_CUDA_ACCUMULATE_H_
+#ifndef KVKEEP_KERNELS_CUDA_DEVICE_STATE_ACCUMULATE_H_
+#define KVKEEP_KERNELS_CUDA_DEVICE_STATE_ACCUMULATE_H_
 
 #include <cuda_runtime_api.h>
 
@@ -30,4 +30,4 @@ cudaError_t LaunchAccumulate(const AccumulateLayer* layers_on_device,
 
 }  // namespace kvkeep::cuda
 
-#endif  // KVKEEP_KERNELS_CUDA_ACCUMULATE_H_
+#endif  // KVKEEP_KERNELS_CUDA_DEVICE_STATE_ACCUMULATE_H_

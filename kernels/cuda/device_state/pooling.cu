@@ -1,7 +1,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/cuda/pooling.h"
+#include "kernels/cuda/device_state/pooling.h"
 
 namespace kvkeep::cuda {
 namespace {

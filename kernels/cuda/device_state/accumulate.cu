@@ -1,7 +1,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/cuda/accumulate.h"
+#include "kernels/cuda/device_state/accumulate.h"
 
 namespace kvkeep::cuda {
 namespace {

@@ -4,8 +4,8 @@
 // operation order as the twins, so results agree bit for bit. Stateless;
 // thread-safe. Launchers enqueue on the given stream and never synchronise;
 // every pointer is a device pointer.
-#ifndef KVKEEP_KERNELS_CUDA_POOLING_H_
-#define KVKEEP_KERNELS_CUDA_POOLING_H_
+#ifndef KVKEEP_KERNELS_CUDA_DEVICE_STATE_POOLING_H_
+#define KVKEEP_KERNELS_CUDA_DEVICE_STATE_POOLING_H_
 
 #include <cuda_runtime_api.h>
 
@@ -36,4 +36,4 @@ cudaError_t LaunchPool1d(const float* in, int64_t n, int32_t kernel,
 
 }  // namespace kvkeep::cuda
 
-#endif  // KVKEEP_KERNELS_CUDA_POOLING_H_
+#endif  // KVKEEP_KERNELS_CUDA_DEVICE_STATE_POOLING_H_

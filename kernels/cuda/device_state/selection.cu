@@ -3,7 +3,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/block_primitives.cuh"
-#include "kernels/cuda/selection.h"
+#include "kernels/cuda/device_state/selection.h"
 
 namespace kvkeep::cuda {
 namespace {

@@ -6,8 +6,8 @@
 // Launchers are stateless and thread-safe; each enqueues on the stream it is
 // given, checks the launch and never synchronises. All pointers are device
 // pointers unless stated.
-#ifndef KVKEEP_KERNELS_CUDA_SELECTION_H_
-#define KVKEEP_KERNELS_CUDA_SELECTION_H_
+#ifndef KVKEEP_KERNELS_CUDA_DEVICE_STATE_SELECTION_H_
+#define KVKEEP_KERNELS_CUDA_DEVICE_STATE_SELECTION_H_
 
 #include <cuda_runtime_api.h>
 
@@ -58,4 +58,4 @@ cudaError_t LaunchSelectLowest(const SelectLayer* layers_on_device,
 
 }  // namespace kvkeep::cuda
 
-#endif  // KVKEEP_KERNELS_CUDA_SELECTION_H_
+#endif  // KVKEEP_KERNELS_CUDA_DEVICE_STATE_SELECTION_H_
