@@ -14,6 +14,20 @@ namespace {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Attention the store computed itself, from the keys it holds. A key a client
+// appended may hold NaN or infinity (the store keeps bytes as sent), and a
+// logit may overflow float; either makes its whole softmax row NaN. Such a
+// row attends nowhere: it is zeroed, so no score, eviction or counter ever
+// sees a NaN (input rows are refused instead: score_input.h).
+void ZeroNonFiniteRows(float* rows, int32_t count, int64_t slots) {
+  for (int32_t r = 0; r < count; ++r) {
+    float* row = rows + int64_t{r} * slots;
+    float sum = 0;
+    for (int64_t j = 0; j < slots; ++j) sum += row[j] * 0.0f;  // NaN if any is
+    if (!(sum == 0)) std::fill(row, row + slots, 0.0f);
+  }
+}
+
 // Per-thread buffers for a step's attention rows, so memory scales with
 // threads, not sessions, and the hot path does not allocate.
 struct AttentionScratch {
@@ -591,7 +605,13 @@ void Session::FinishAttention(std::span<const LayerScores> scores,
   }
   // The policies need the rows now: run the step's device work so far (an
   // append's moves and writes, then the scoring) as one batch.
-  if (scoring) RunBatch();
+  if (!scoring) return;
+  RunBatch();
+  for (size_t i = 0; i < scores.size(); ++i) {
+    if (scores[i].source != ScoreSource::kQueries) continue;
+    ZeroNonFiniteRows(const_cast<float*>(rows[i]), scores[i].rows,
+                      layers_[scores[i].layer].size());
+  }
 }
 
 StepResult Session::ApplyAttention(std::span<const LayerScores> scores,

@@ -167,6 +167,8 @@ class Session {
   absl::Status PrepareAttention(std::span<const LayerScores> scores,
                                 int64_t growth, std::vector<float>& rows_out,
                                 std::vector<const float*>& rows);
+  // Scores the queries against the stored keys into their rows; a row that
+  // comes out not finite (non-finite keys, overflowing logits) is zeroed.
   void FinishAttention(std::span<const LayerScores> scores,
                        std::vector<const float*>& rows);
   // Folds prepared rows into the policy's scores and evicts what is over

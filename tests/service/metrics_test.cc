@@ -3,8 +3,12 @@
 // scrape is compared with the store's own stats (over gRPC): per-session
 // series, pool and tenant gauges, totals by policy, the series cap, RPC
 // counts by method and code, and what closing a session removes.
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -177,6 +181,40 @@ TEST_F(MetricsTest, SeriesEqualTheStoresStatsAndVanishOnClose) {
       Value(scrape, "kvkeep_sessions_closed_total", {{"policy", "h2o"}}),
       Optional(1.0));
   EXPECT_THAT(Value(scrape, "kvkeep_sessions"), Optional(2.0));
+}
+
+// A key a client appends may hold NaN, infinity or a value whose logit
+// overflows; the store keeps the bytes as sent. Query scoring over such keys
+// gave a NaN evicted score, and with it a server-wide counter that read NaN
+// for ever. Now such rows attend nowhere (zeroed): every score and counter
+// stays finite, and the step succeeds.
+TEST_F(MetricsTest, NonFiniteKeysNeverReachScoresOrCounters) {
+  Start();
+  for (const float poison : {std::numeric_limits<float>::quiet_NaN(),
+                             std::numeric_limits<float>::infinity(), 3e38f}) {
+    SCOPED_TRACE(poison);
+    client::Session s = Open("h2o", 32);
+    std::vector<int64_t> positions(32);
+    std::iota(positions.begin(), positions.end(), 0);
+    client::KvTokens prompt =
+        metrics_testing::RandomTokens(s.layout(), positions, rng_);
+    const size_t per_token = s.layout().kv_heads() * s.layout().head_dim();
+    for (client::LayerBytes& layer : prompt.layers) {
+      float* keys = reinterpret_cast<float*>(layer.keys.data());
+      std::fill(keys, keys + 16 * per_token, poison);  // the first 16 tokens
+    }
+    ASSERT_TRUE(s.Append(prompt).ok());
+    ASSERT_TRUE(DecodeWithQueries(s, 4, 32, rng_).ok());
+    absl::StatusOr<v1::SessionStats> stats = s.Stats();
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    EXPECT_GT(stats->evicted_tokens(), 0);
+    EXPECT_TRUE(std::isfinite(stats->evicted_score()))
+        << stats->evicted_score();
+  }
+  std::optional<double> mass = Value(
+      Scrape(), "kvkeep_evicted_attention_mass_total", {{"policy", "h2o"}});
+  ASSERT_TRUE(mass.has_value());
+  EXPECT_TRUE(std::isfinite(*mass)) << *mass;
 }
 
 TEST_F(MetricsTest, PerSessionSeriesAreCapped) {
