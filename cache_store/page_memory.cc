@@ -11,6 +11,7 @@
 #include <cstring>
 #include <new>
 
+#include "absl/random/random.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -80,8 +81,14 @@ class HostMemory final : public PageMemory {
 
 absl::StatusOr<std::unique_ptr<PageMemory>> NewSharedHostMemory(int64_t bytes) {
   static std::atomic<int> next{0};
+  // The pid names the owner for people; the random tag keeps a new process
+  // clear of a segment left by an earlier one with the same pid (a kvkeepd
+  // killed with SIGKILL cannot unlink its own), which used to stop it
+  // starting with EEXIST.
+  static const uint32_t tag = absl::Uniform<uint32_t>(absl::BitGen());
   const std::string name =
-      absl::StrCat("/kvkeep-", getpid(), "-", next.fetch_add(1));
+      absl::StrCat("/kvkeep-", getpid(), "-", absl::Hex(tag, absl::kZeroPad8),
+                   "-", next.fetch_add(1));
   // Owner-only: another user's process cannot open the pool.
   const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd < 0) {
