@@ -24,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "kernels/dtype.h"
 #include "tests/test_device.h"
+#include "tests/testing/status_matchers.h"
 #include "tests/token_data.h"
 
 namespace kvkeep {
@@ -35,29 +36,7 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
 // ---------------------------------------------------------------------------
-// Helpers (the same small harness as cache_store_test.cc; each test binary is
-// self-contained).
-
-#define KV_CONCAT_INNER(a, b) a##b
-#define KV_CONCAT(a, b) KV_CONCAT_INNER(a, b)
-// Asserts that a Status or StatusOr is OK, printing the status otherwise.
-#define KV_ASSERT_OK(expr)                                \
-  do {                                                    \
-    const auto& kv_status_ = (expr);                      \
-    ASSERT_TRUE(kv_status_.ok()) << StatusOf(kv_status_); \
-  } while (false)
-// lhs = *expr, or fails the test with the status.
-#define KV_ASSIGN_OR_FAIL(lhs, expr)            \
-  auto KV_CONCAT(kv_or_, __LINE__) = (expr);    \
-  ASSERT_TRUE(KV_CONCAT(kv_or_, __LINE__).ok()) \
-      << KV_CONCAT(kv_or_, __LINE__).status();  \
-  lhs = *std::move(KV_CONCAT(kv_or_, __LINE__))
-
-[[maybe_unused]] absl::Status StatusOf(const absl::Status& s) { return s; }
-template <typename T>
-absl::Status StatusOf(const absl::StatusOr<T>& s) {
-  return s.status();
-}
+// Helpers.
 
 ModelLayout MakeLayout(std::string name, int32_t layers, int32_t page_tokens,
                        DType dtype = DType::kF32, int32_t kv_heads = 1,

@@ -10,17 +10,7 @@
 
 namespace kvkeep::fuzz {
 
-ModelLayout FuzzLayout() {
-  ModelLayout l;
-  l.name = "fuzz";
-  l.num_layers = 2;
-  l.kv_heads = 2;
-  l.query_heads = 4;
-  l.head_dim = 8;
-  l.dtype = DType::kF32;
-  l.page_tokens = 4;
-  return l;
-}
+ModelLayout FuzzLayout() { return testing::SmallLayout("fuzz"); }
 
 ModelLayout FuzzBf16Layout() {
   ModelLayout l = FuzzLayout();

@@ -42,17 +42,7 @@ using ::testing::Optional;
 
 // 2 layers of f32, 2 kv / 4 query heads, head_dim 8, 4-token pages: a page
 // is 2 * 4 * 2 * 8 * 4 = 512 bytes.
-ModelLayout TestLayout() {
-  ModelLayout l;
-  l.name = "m";
-  l.num_layers = 2;
-  l.kv_heads = 2;
-  l.query_heads = 4;
-  l.head_dim = 8;
-  l.dtype = DType::kF32;
-  l.page_tokens = 4;
-  return l;
-}
+ModelLayout TestLayout() { return testing::SmallLayout("m"); }
 
 // A kvkeepd (KvKeepServer) with its /metrics endpoint.
 class MetricsTest : public ::testing::Test {

@@ -42,17 +42,7 @@ using testing::kTestPeerToken;
 using testing::TestServer;
 using testing::TestServerConfig;
 
-ModelLayout Layout() {
-  ModelLayout l;
-  l.name = "m";
-  l.num_layers = 2;
-  l.kv_heads = 2;
-  l.query_heads = 4;
-  l.head_dim = 8;
-  l.dtype = DType::kF32;
-  l.page_tokens = 4;
-  return l;
-}
+ModelLayout Layout() { return testing::SmallLayout("m"); }
 
 ServerConfig Config() { return TestServerConfig({PoolSpec{Layout(), 256}}); }
 

@@ -8,6 +8,18 @@
 
 namespace kvkeep::testing {
 
+ModelLayout SmallLayout(std::string name) {
+  ModelLayout l;
+  l.name = std::move(name);
+  l.num_layers = 2;
+  l.kv_heads = 2;
+  l.query_heads = 4;
+  l.head_dim = 8;
+  l.dtype = DType::kF32;
+  l.page_tokens = 4;
+  return l;
+}
+
 ServerConfig TestServerConfig(std::vector<PoolSpec> pools) {
   ServerConfig config;
   config.listen = "127.0.0.1:0";

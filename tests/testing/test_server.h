@@ -27,6 +27,10 @@ inline constexpr char kTestPeerToken[] = "kvkeep-test-peer-token";
 // token kTestPeerToken, a 5 s drain, and neither a /metrics endpoint nor a
 // data socket (set metrics_listen or transfer_listen to "127.0.0.1:0" for
 // one).
+// A small f32 layout for service tests: 2 layers, 2 kv heads, 4 query
+// heads, head_dim 8, 4-token pages (512-byte pages).
+ModelLayout SmallLayout(std::string name);
+
 ServerConfig TestServerConfig(std::vector<PoolSpec> pools);
 
 class TestServer {
