@@ -305,8 +305,7 @@ TEST(SnapshotImportTest, RefusedImportsHoldNothing) {
          s.work.evicted_score = std::numeric_limits<double>::quiet_NaN();
        },
        absl::StatusCode::kInvalidArgument},
-      {"negative count",
-       [](SessionSnapshot& s) { s.work.evicted_tokens = -1; },
+      {"negative count", [](SessionSnapshot& s) { s.work.evicted_tokens = -1; },
        absl::StatusCode::kInvalidArgument},
   };
   for (const Bad& c : bad) {
