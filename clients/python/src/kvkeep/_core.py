@@ -688,3 +688,28 @@ def check_step(h: SessionHandle, packed: Optional[PackedTokens],
 def not_found_layout(name: str, info: pb.ServerInfo) -> NotFound:
     return NotFound(f"layout '{name}' is not served (layouts: "
                     f"{', '.join(l.name for l in info.layouts)})", client_side=True)
+
+
+def decode_step_request(h: Any, token: Any, scores: Optional[Scores],
+                        ended: Optional[Exception], finished: bool, reopen: bool
+                        ) -> Tuple[pb.DecodeStep, Any]:
+    """The DecodeStep for one step of session `h`'s decode stream, checked
+    before anything is sent, and the packed token (None without one): the
+    same for the sync and the asyncio stream."""
+    if ended is not None and not reopen:
+        raise FailedPrecondition(
+            f"the decode stream of session {h.id} has ended ({ended}); "
+            "open another (or decode(reopen=True))", client_side=True)
+    if finished:
+        raise FailedPrecondition(f"the decode stream of session {h.id} is closed",
+                                 client_side=True)
+    packed = pack_tokens(h.layout, token) if token is not None else None
+    check_step(h, packed, scores)
+    req = pb.DecodeStep()
+    if packed is not None:
+        packed.to_proto(req.append)
+    if scores is not None:
+        req.scores.extend(scores_to_proto(
+            scores, h.layout, h.policy, h.tables,
+            appended=packed.n if packed is not None else 0))
+    return req, packed

@@ -350,22 +350,8 @@ class DecodeStream:
     async def step(self, token: Optional[TokensArg] = None,
                    scores: Optional[Scores] = None) -> pb.DecodeStepResult:
         h = self._s._h
-        if self._ended is not None and not self.reopen:
-            raise FailedPrecondition(
-                f"the decode stream of session {h.id} has ended ({self._ended}); "
-                "open another (or decode(reopen=True))", client_side=True)
-        if self._finished:
-            raise FailedPrecondition(f"the decode stream of session {h.id} is closed",
-                                     client_side=True)
-        packed = _core.pack_tokens(h.layout, token) if token is not None else None
-        _core.check_step(h, packed, scores)
-        req = pb.DecodeStep()
-        if packed is not None:
-            packed.to_proto(req.append)
-        if scores is not None:
-            req.scores.extend(_core.scores_to_proto(
-                scores, h.layout, h.policy, h.tables,
-                appended=packed.n if packed is not None else 0))
+        req, packed = _core.decode_step_request(h, token, scores, self._ended,
+                                                self._finished, self.reopen)
         c = self._s._c
         if self._call is None:
             self._call = c.stub.Decode(metadata=c.metadata,
