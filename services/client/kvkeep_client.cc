@@ -322,20 +322,67 @@ absl::StatusOr<v1::StepResult> Session::CompressPrompt(
 
 DecodeStream Session::Decode() const { return DecodeStream(connection_, id_); }
 
+namespace {
+
+// Adds one page of a GetBlockTables answer to `whole`: a table part that
+// does not start at slot 0 continues the last table.
+absl::Status AddBlockTablePage(v1::GetBlockTablesResponse& page,
+                               v1::GetBlockTablesResponse& whole) {
+  for (v1::BlockTable& part : *page.mutable_tables()) {
+    if (part.first_slot() == 0) {
+      *whole.add_tables() = std::move(part);
+      continue;
+    }
+    v1::BlockTable* last =
+        whole.tables_size() > 0
+            ? whole.mutable_tables()->Mutable(whole.tables_size() - 1)
+            : nullptr;
+    if (last == nullptr || last->layer() != part.layer() ||
+        last->version() != part.version() ||
+        last->positions_size() != part.first_slot()) {
+      return absl::InternalError(absl::StrCat(
+          "GetBlockTables: a part of layer ", part.layer(), " from slot ",
+          part.first_slot(), " continues no table received"));
+    }
+    last->mutable_pages()->Add(part.pages().begin(), part.pages().end());
+    last->mutable_positions()->Add(part.positions().begin(),
+                                   part.positions().end());
+    last->mutable_cache_positions()->Add(part.cache_positions().begin(),
+                                         part.cache_positions().end());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<v1::GetBlockTablesResponse> Session::GetBlockTables(
     absl::Span<const int32_t> layers) const {
   v1::GetBlockTablesRequest request;
   request.set_session_id(id_);
   request.mutable_layers()->Add(layers.begin(), layers.end());
-  v1::GetBlockTablesResponse response;
-  absl::Status s = connection_->Call(
-      "GetBlockTables", Retry::kOnUnavailable,
-      [&](grpc::ClientContext& context, int) {
-        response.Clear();
-        return connection_->stub().GetBlockTables(&context, request, &response);
-      });
-  if (!s.ok()) return s;
-  return response;
+  // A large answer comes in pages; a layer that changes between them makes
+  // the server answer ABORTED, and the whole answer is asked for again.
+  v1::GetBlockTablesResponse whole;
+  for (int attempt = 0;; ++attempt) {
+    whole.Clear();
+    request.clear_page_token();
+    absl::Status s;
+    do {
+      v1::GetBlockTablesResponse page;
+      s = connection_->Call("GetBlockTables", Retry::kOnUnavailable,
+                            [&](grpc::ClientContext& context, int) {
+                              page.Clear();
+                              return connection_->stub().GetBlockTables(
+                                  &context, request, &page);
+                            });
+      if (s.ok()) s = AddBlockTablePage(page, whole);
+      request.set_page_token(page.next_page_token());
+    } while (s.ok() && !request.page_token().empty());
+    if (s.code() != absl::StatusCode::kAborted || attempt == 2) {
+      if (!s.ok()) return s;
+      return whole;
+    }
+  }
 }
 
 absl::StatusOr<v1::MapPoolResponse> Session::MapPool() const {

@@ -10,6 +10,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "services/kvkeepd/parse_errors.h"
 #include "services/metrics/rpc_metrics.h"
 
 namespace kvkeep {
@@ -111,9 +112,9 @@ absl::StatusOr<std::unique_ptr<KvKeepServer>> KvKeepServer::Start(
 
 absl::Status KvKeepServer::Build(ServerHooks& hooks) {
   if (absl::Status s = ValidateConfig(config_); !s.ok()) return s;
-  absl::StatusOr<std::string> peer_token = PeerToken(config_);
-  if (!peer_token.ok()) {
-    return absl::InvalidArgumentError(peer_token.status().message());
+  absl::StatusOr<PeerTokens> peer_tokens = ReadPeerTokens(config_);
+  if (!peer_tokens.ok()) {
+    return absl::InvalidArgumentError(peer_tokens.status().message());
   }
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> peer_credentials =
       PeerCredentials(config_);
@@ -145,7 +146,8 @@ absl::Status KvKeepServer::Build(ServerHooks& hooks) {
     service = hooks.stand_in(*store_);
   } else {
     ServiceOptions options = ServiceOptionsFor(config_, device_);
-    options.peer_token = *std::move(peer_token);
+    options.peer_token = peer_tokens->send;
+    options.accepted_peer_tokens = std::move(peer_tokens->accept);
     options.peer_credentials = *std::move(peer_credentials);
     options.on_transfer =
         [m = transfer_metrics_.get()](const TransferReport& r) {
@@ -169,8 +171,14 @@ absl::Status KvKeepServer::Build(ServerHooks& hooks) {
 
   if (config_.metrics_listen != "off") {
     collector_ = std::make_shared<StoreCollector>(*store_, *metrics_);
+    absl::StatusOr<std::pair<std::string, std::string>> auth =
+        ReadMetricsAuth(config_);
+    if (!auth.ok()) return absl::InvalidArgumentError(auth.status().message());
+    MetricsServerOptions options{.address = config_.metrics_listen,
+                                 .auth_user = auth->first,
+                                 .auth_password = auth->second};
     absl::StatusOr<std::unique_ptr<MetricsServer>> http =
-        MetricsServer::Start(config_.metrics_listen, {registry_, collector_});
+        MetricsServer::Start(options, {registry_, collector_});
     if (!http.ok()) return http.status();  // the destructor stops the rest
     metrics_server_ = *std::move(http);
   }
@@ -203,6 +211,8 @@ absl::Status KvKeepServer::Listen(grpc::Service* service) {
   std::vector<
       std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
       interceptors;
+  // First, so the metrics count the code the client receives.
+  interceptors.push_back(NewParseErrorInterceptorFactory({"kvkeep.v1.KvKeep"}));
   interceptors.push_back(NewRpcMetricsFactory(*registry_, std::move(methods)));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   server_ = builder.BuildAndStart();

@@ -17,8 +17,10 @@
 #include "absl/time/time.h"
 #include "cache_store/policy_registry.h"
 #include "cache_store/quote.h"
+#include "services/common/constant_time.h"
 #include "services/common/convert.h"
 #include "services/common/grpc_status.h"
+#include "services/kvkeepd/block_table_pages.h"
 #include "services/transfer/session_receiver.h"
 
 #ifndef KVKEEP_VERSION
@@ -37,20 +39,6 @@ std::string LogValue(absl::string_view s) {
   return absl::StrCat("\"", absl::CHexEscape(s.substr(0, kMax)),
                       s.size() > kMax ? "..." : "", "\"");
 }
-
-// Whether a == b, in a time that does not depend on where they differ.
-bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  }
-  return diff == 0;
-}
-
-}  // namespace
-
-namespace {
 
 TransferOptions TransferOptionsOf(const ServiceOptions& options) {
   TransferOptions t;
@@ -87,7 +75,8 @@ KvKeepService::KvKeepService(CacheStore* store, ServiceOptions options)
 
 absl::Status KvKeepService::AuthenticatePeer(
     const grpc::CallbackServerContext& ctx) const {
-  if (options_.peer_token.empty() && options_.peer_identities.empty()) {
+  if (options_.peer_token.empty() && options_.accepted_peer_tokens.empty() &&
+      options_.peer_identities.empty()) {
     return absl::PermissionDeniedError(
         "this store takes no session transfers: no peers are configured "
         "(peers.token or peers.identities, docs/security.md)");
@@ -109,7 +98,7 @@ absl::Status KvKeepService::AuthenticatePeer(
       }
     }
   }
-  if (options_.peer_token.empty()) {
+  if (options_.peer_token.empty() && options_.accepted_peer_tokens.empty()) {
     return absl::UnauthenticatedError(
         "ReceiveSession is for other kvkeep stores: this store takes only "
         "peers whose client certificate names one of peers.identities");
@@ -121,11 +110,14 @@ absl::Status KvKeepService::AuthenticatePeer(
         "ReceiveSession is for other kvkeep stores: send the store's peer "
         "token as metadata 'kvkeep-peer-token' (peers.token)");
   }
-  if (!ConstantTimeEquals(
-          absl::string_view(it->second.data(), it->second.size()),
-          options_.peer_token)) {
-    return absl::UnauthenticatedError("wrong peer token");
+  const absl::string_view sent(it->second.data(), it->second.size());
+  // Every token is compared, so the time taken does not say which matched.
+  bool match = !options_.peer_token.empty() &&
+               ConstantTimeEquals(sent, options_.peer_token);
+  for (const std::string& token : options_.accepted_peer_tokens) {
+    match |= ConstantTimeEquals(sent, token);
   }
+  if (!match) return absl::UnauthenticatedError("wrong peer token");
   return absl::OkStatus();
 }
 
@@ -171,8 +163,9 @@ absl::StatusOr<SessionId> KvKeepService::Authorize(
   absl::StatusOr<std::string> owner = store_->TenantOf(*id);
   if (!owner.ok()) return owner.status();
   if (*owner != tenant) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("session ", session_id, " belongs to another tenant"));
+    // The answer a session that does not exist gets, word for word: the
+    // code must not tell a tenant which of others' ids exist.
+    return absl::NotFoundError(absl::StrCat(SessionLabel(*id), " not found"));
   }
   return *id;
 }
@@ -359,12 +352,18 @@ grpc::ServerUnaryReactor* KvKeepService::GetBlockTables(
         layers.push_back(static_cast<int32_t>(l));
       }
     }
-    for (int32_t layer : layers) {
-      absl::StatusOr<BlockTable> table = store_->GetBlockTable(*id, layer);
-      if (!table.ok()) return table.status();
-      BlockTableToProto(*table, resp->add_tables());
+    if (req->max_page_bytes() != 0 &&
+        req->max_page_bytes() < kMinBlockTablePageBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "max_page_bytes ", req->max_page_bytes(),
+          " is under the smallest page, ", kMinBlockTablePageBytes, " bytes"));
     }
-    return absl::OkStatus();
+    const int64_t limit = options_.max_message_bytes;
+    return FillBlockTablePage(*store_, *id, layers, req->page_token(),
+                              req->max_page_bytes() > 0
+                                  ? std::min(req->max_page_bytes(), limit)
+                                  : limit,
+                              resp);
   });
 }
 

@@ -50,7 +50,10 @@ struct ServiceOptions {
   // token as 'kvkeep-peer-token', or presenting a verified client
   // certificate that names one of `peer_identities`. Neither set: nobody.
   // This store also sends the token on the transfers it makes.
+  // `accepted_peer_tokens` (peer_token and the others of peers.also_accept)
+  // are taken; empty: `peer_token` alone.
   std::string peer_token;
+  std::vector<std::string> accepted_peer_tokens;
   std::vector<std::string> peer_identities;
   // How this store calls other stores' ReceiveSession: TLS with its own
   // certificate on a store with TLS; null: plaintext.

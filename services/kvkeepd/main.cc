@@ -24,8 +24,10 @@
 #include "absl/time/time.h"
 #include "cache_store/cache_store.h"
 #include "cache_store/policy_registry.h"
+#include "cache_store/shared_pool_reaper.h"
 #include "services/kvkeepd/daemon_hooks.h"
 #include "services/kvkeepd/kvkeep_server.h"
+#include "services/kvkeepd/parse_errors.h"
 #include "services/kvkeepd/server_config.h"
 
 // Flags override the config file; each one's "unset" value (empty, -1)
@@ -37,6 +39,8 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "Prometheus metrics address (default 127.0.0.1:9464)");
 ABSL_FLAG(int64_t, metrics_session_series, -1,
           "sessions with per-session metric series, at most (1000)");
+ABSL_FLAG(std::string, metrics_auth_file, "",
+          "file holding USER:PASSWORD: /metrics asks for basic auth");
 ABSL_FLAG(std::string, tenants_file, "",
           "JSON file of tenants and their tokens, [{\"name\", \"token\"}] "
           "(e.g. mounted from a Kubernetes Secret); replaces config tenants");
@@ -100,6 +104,7 @@ absl::StatusOr<ServerConfig> LoadConfig() {
   set_string(FLAGS_metrics_listen, config.metrics_listen);
   set_int(FLAGS_metrics_session_series, config.metrics_session_series);
   set_string(FLAGS_tenants_file, config.tenants_file);
+  set_string(FLAGS_metrics_auth_file, config.metrics_auth_file);
   if (int64_t pages = absl::GetFlag(FLAGS_pool_pages); pages >= 0) {
     for (PoolSpec& p : config.pools) p.capacity_pages = pages;
   }
@@ -255,6 +260,9 @@ int Main(int argc, char** argv) {
   // Debian's Abseil checks every lock order at run time; the locking here is
   // checked at compile time (clang -Wthread-safety) instead.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  // A client can make protobuf log a line per request (a string field that
+  // is not UTF-8): at most one such line every 10 s (parse_errors.h).
+  RateLimitProtobufLog();
 
   // Signals go to the main thread only: block them before gRPC starts its
   // threads, which inherit the mask, and wait for them below.
@@ -268,6 +276,16 @@ int Main(int argc, char** argv) {
   if (!config.ok()) {
     std::fprintf(stderr, "kvkeepd: %s\n", config.status().ToString().c_str());
     return 2;
+  }
+  if (config->share_pools) {
+    // Pools of kvkeepd processes killed before they could remove them.
+    const ReapedPools reaped = ReapAbandonedSharedPools();
+    if (reaped.objects > 0) {
+      std::printf(
+          "kvkeepd: removed %lld shared pools of exited processes (%.1f "
+          "MiB)\n",
+          static_cast<long long>(reaped.objects), reaped.bytes / 1048576.0);
+    }
   }
   ServerHooks hooks;
   hooks.before_serving = [&config](CacheStore& store) {

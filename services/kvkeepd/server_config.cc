@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "nlohmann/json.hpp"
 
@@ -218,23 +219,74 @@ absl::Status ValidateConfig(const ServerConfig& config) {
     return absl::InvalidArgumentError(
         "peers.token must be at least 16 characters");
   }
+  for (const std::string& t : config.peers.also_accept) {
+    if (t.size() < 16) {
+      return absl::InvalidArgumentError(
+          "peers.also_accept: every token must be at least 16 characters");
+    }
+  }
+  if (!config.peers.also_accept.empty() && config.peers.token.empty() &&
+      config.peers.token_file.empty()) {
+    return absl::InvalidArgumentError(
+        "peers.also_accept needs peers.token (the token this store sends)");
+  }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> PeerToken(const ServerConfig& config) {
-  if (config.peers.token_file.empty()) return config.peers.token;
+absl::StatusOr<std::pair<std::string, std::string>> ReadMetricsAuth(
+    const ServerConfig& config) {
+  if (config.metrics_auth_file.empty())
+    return std::pair<std::string, std::string>();
+  absl::StatusOr<std::string> text = ReadConfigFile(config.metrics_auth_file);
+  if (!text.ok()) {
+    return absl::NotFoundError(
+        absl::StrCat("metrics_auth_file: ", text.status().message()));
+  }
+  const absl::string_view line = absl::StripAsciiWhitespace(*text);
+  const size_t colon = line.find(':');
+  if (colon == absl::string_view::npos || colon == 0 ||
+      colon + 1 == line.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics_auth_file: '", config.metrics_auth_file,
+                     "' must hold USER:PASSWORD, both non-empty"));
+  }
+  return std::pair(std::string(line.substr(0, colon)),
+                   std::string(line.substr(colon + 1)));
+}
+
+absl::StatusOr<PeerTokens> ReadPeerTokens(const ServerConfig& config) {
+  PeerTokens tokens;
+  if (config.peers.token_file.empty()) {
+    tokens.send = config.peers.token;
+    if (!tokens.send.empty()) tokens.accept.push_back(tokens.send);
+    for (const std::string& t : config.peers.also_accept) {
+      tokens.accept.push_back(t);
+    }
+    return tokens;
+  }
   absl::StatusOr<std::string> text = ReadConfigFile(config.peers.token_file);
   if (!text.ok()) {
     return absl::NotFoundError(
         absl::StrCat("peers.token_file: ", text.status().message()));
   }
-  const std::string token(absl::StripAsciiWhitespace(*text));
-  if (token.size() < 16) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "peers.token_file: the token in '", config.peers.token_file,
-        "' must be at least 16 characters"));
+  int line_number = 0;
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    ++line_number;
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty()) continue;
+    if (line.size() < 16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "peers.token_file: the token on line ", line_number, " of '",
+          config.peers.token_file, "' must be at least 16 characters"));
+    }
+    tokens.accept.emplace_back(line);
   }
-  return token;
+  if (tokens.accept.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "peers.token_file: '", config.peers.token_file, "' holds no token"));
+  }
+  tokens.send = tokens.accept.front();
+  return tokens;
 }
 
 absl::Status ApplyConfigJson(absl::string_view text, ServerConfig& config) {
@@ -244,9 +296,9 @@ absl::Status ApplyConfigJson(absl::string_view text, ServerConfig& config) {
   KVKEEP_RETURN_IF_ERROR(
       CheckKeys(j, "the config",
                 {"listen", "metrics_listen", "metrics_session_series",
-                 "layouts", "default_policy", "limits", "tenants",
-                 "tenants_file", "tls", "peers", "drain_seconds", "log_events",
-                 "device", "share_pools", "transfer_listen"}));
+                 "metrics_auth_file", "layouts", "default_policy", "limits",
+                 "tenants", "tenants_file", "tls", "peers", "drain_seconds",
+                 "log_events", "device", "share_pools", "transfer_listen"}));
   KVKEEP_RETURN_IF_ERROR(Read(j, "metrics_session_series", "config",
                               config.metrics_session_series));
   if (config.metrics_session_series < 0) {
@@ -255,6 +307,8 @@ absl::Status ApplyConfigJson(absl::string_view text, ServerConfig& config) {
   }
   KVKEEP_RETURN_IF_ERROR(
       Read(j, "tenants_file", "config", config.tenants_file));
+  KVKEEP_RETURN_IF_ERROR(
+      Read(j, "metrics_auth_file", "config", config.metrics_auth_file));
   KVKEEP_RETURN_IF_ERROR(Read(j, "listen", "config", config.listen));
   KVKEEP_RETURN_IF_ERROR(
       Read(j, "metrics_listen", "config", config.metrics_listen));
@@ -307,8 +361,11 @@ absl::Status ApplyConfigJson(absl::string_view text, ServerConfig& config) {
   }
   if (auto it = j.find("peers"); it != j.end()) {
     KVKEEP_RETURN_IF_ERROR(CheckKeys(
-        *it, "peers", {"token", "token_file", "identities", "ca_file"}));
+        *it, "peers",
+        {"token", "token_file", "also_accept", "identities", "ca_file"}));
     KVKEEP_RETURN_IF_ERROR(Read(*it, "token", "peers", config.peers.token));
+    KVKEEP_RETURN_IF_ERROR(
+        Read(*it, "also_accept", "peers", config.peers.also_accept));
     KVKEEP_RETURN_IF_ERROR(
         Read(*it, "token_file", "peers", config.peers.token_file));
     KVKEEP_RETURN_IF_ERROR(

@@ -34,8 +34,13 @@ struct PeerConfig {
   // (at least 16 characters).
   std::string token;
   // A file holding it (e.g. a mounted Kubernetes Secret; surrounding
-  // whitespace is dropped); when set, it replaces `token`.
+  // whitespace is dropped); when set, it replaces `token` and
+  // `also_accept`. One token per line: the first is sent, every one is
+  // accepted (a rolling change of the token, docs/security.md).
   std::string token_file;
+  // Further tokens accepted on ReceiveSession, never sent: the old (or the
+  // next) token while a fleet changes its token one store at a time.
+  std::vector<std::string> also_accept;
   // With tls.client_ca_file: callers whose verified client certificate
   // names one of these (a subject alternative name, or the common name)
   // may call ReceiveSession without the token.
@@ -69,6 +74,9 @@ struct ServerConfig {
   // Sessions that get per-session metric series, at most (the first ones
   // opened; the rest are counted in the totals).
   int64_t metrics_session_series = 1000;
+  // A file holding "USER:PASSWORD" (e.g. a mounted Secret; surrounding
+  // whitespace dropped): /metrics then asks for HTTP basic authentication.
+  std::string metrics_auth_file;
   TlsConfig tls;
   PeerConfig peers;
   double drain_seconds = 10;  // graceful shutdown deadline
@@ -101,9 +109,20 @@ std::string TransferListenAddress(const ServerConfig& config);
 // naming the key.
 absl::Status ValidateConfig(const ServerConfig& config);
 
-// The peer token `config` gives (peers.token_file read and trimmed, else
-// peers.token): NOT_FOUND naming an unreadable file.
-absl::StatusOr<std::string> PeerToken(const ServerConfig& config);
+// The peer tokens `config` gives: from peers.token_file (one per line, the
+// first sent), else peers.token and peers.also_accept. NOT_FOUND naming an
+// unreadable file; INVALID_ARGUMENT for a token under 16 characters.
+struct PeerTokens {
+  std::string send;                 // empty: none configured
+  std::vector<std::string> accept;  // `send` first, then the others
+};
+absl::StatusOr<PeerTokens> ReadPeerTokens(const ServerConfig& config);
+
+// The user and password metrics_auth_file holds ({"", ""} when unset):
+// NOT_FOUND naming an unreadable file, INVALID_ARGUMENT for one that is not
+// "USER:PASSWORD" with both non-empty.
+absl::StatusOr<std::pair<std::string, std::string>> ReadMetricsAuth(
+    const ServerConfig& config);
 
 // The embedded default: one small Llama-like "demo" layout (8 layers, 8 kv /
 // 32 query heads, head_dim 128, bf16, 16-token pages) on a 4096-page host

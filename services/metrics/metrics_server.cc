@@ -13,12 +13,14 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "services/common/constant_time.h"
 
 namespace kvkeep {
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
-    const std::string& address,
+    const MetricsServerOptions& options,
     const std::vector<std::shared_ptr<prometheus::Collectable>>& collectables) {
+  const std::string& address = options.address;
   const size_t colon = address.rfind(':');
   int port = 0;
   if (colon == std::string::npos || colon == 0 ||
@@ -33,6 +35,14 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
+  }
+  if (!options.auth_user.empty()) {
+    exposer->RegisterAuth(
+        [user = options.auth_user, password = options.auth_password](
+            const std::string& u, const std::string& p) {
+          return ConstantTimeEquals(u, user) & ConstantTimeEquals(p, password);
+        },
+        "kvkeepd metrics");
   }
   for (const auto& c : collectables) exposer->RegisterCollectable(c);
   const std::vector<int> ports = exposer->GetListeningPorts();

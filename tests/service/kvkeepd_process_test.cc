@@ -474,7 +474,7 @@ TEST_F(KvkeepdProcessTest, TenantTokensAreRequiredWhenConfigured) {
   ASSERT_TRUE(s.ok()) << Describe(s);
   EXPECT_EQ(stats.tenant(), "alice");
   s = stub->GetSessionStats(as("tok-bob").get(), stats_req, &stats);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << Describe(s);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << Describe(s);
   s = stub->GetSessionStats(as("").get(), stats_req, &stats);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << Describe(s);
 }
@@ -882,6 +882,25 @@ TEST_F(KvkeepdProcessTest, AWorkerMapsTheSharedPoolAndReadsTheStoredBytes) {
   ASSERT_TRUE(kvkeepd->child->Wait(kPatience).ok());
   EXPECT_LT(shm_open(pool.shm_name().c_str(), O_RDONLY, 0), 0);
   EXPECT_EQ(errno, ENOENT);
+}
+
+// A kvkeepd killed with SIGKILL leaves its shared pools in /dev/shm; the
+// next kvkeepd with share_pools removes those whose process is gone.
+TEST_F(KvkeepdProcessTest, SharedPoolsOfKilledProcessesAreRemovedAtStart) {
+  const pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  int ignored = 0;
+  waitpid(dead, &ignored, 0);
+  const std::string stale =
+      absl::StrCat("/dev/shm/kvkeep-", dead, "-0badf00d-0");
+  std::ofstream(stale) << std::string(4096, 'x');
+  ASSERT_TRUE(std::filesystem::exists(stale));
+  absl::StatusOr<Started> kvkeepd = StartKvkeepd({"--share_pools"});
+  ASSERT_TRUE(kvkeepd.ok()) << kvkeepd.status();
+  EXPECT_TRUE(
+      kvkeepd->child->out().WaitFor("kvkeepd: removed ", kPatience).has_value())
+      << kvkeepd->child->Output();
+  EXPECT_FALSE(std::filesystem::exists(stale));
 }
 
 TEST_F(KvkeepdProcessTest, MapPoolIsRefusedUnlessPoolSharingIsOn) {

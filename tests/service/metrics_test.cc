@@ -3,8 +3,12 @@
 // scrape is compared with the store's own stats (over gRPC): per-session
 // series, pool and tenant gauges, totals by policy, the series cap, RPC
 // counts by method and code, and what closing a session removes.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <memory>
@@ -320,6 +324,32 @@ TEST(MetricsServerTest, RefusesBadAndBusyAddresses) {
       MetricsServer::Start((*first)->address(), {registry});
   EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable)
       << second.status();
+}
+
+// Basic authentication: 401 without the user and password or with a wrong
+// one; the scrape with them (a real Prometheus in prometheus_test).
+TEST(MetricsServerTest, AsksForTheUserAndPasswordWhenGiven) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  absl::StatusOr<std::unique_ptr<MetricsServer>> server =
+      MetricsServer::Start(MetricsServerOptions{.address = "127.0.0.1:0",
+                                                .auth_user = "prometheus",
+                                                .auth_password = "s3cret-pass"},
+                           {registry});
+  ASSERT_TRUE(server.ok()) << server.status();
+  absl::StatusOr<std::string> anonymous =
+      metrics_testing::HttpGet((*server)->address(), "/metrics");
+  EXPECT_THAT(std::string(anonymous.status().message()),
+              ::testing::HasSubstr("401"));
+  // "prometheus:s3cret-pasS" and "prometheus:s3cret-pass" in base64.
+  absl::StatusOr<std::string> wrong = metrics_testing::HttpGet(
+      (*server)->address(), "/metrics",
+      "Authorization: Basic cHJvbWV0aGV1czpzM2NyZXQtcGFzUw==\r\n");
+  EXPECT_THAT(std::string(wrong.status().message()),
+              ::testing::HasSubstr("401"));
+  absl::StatusOr<std::string> right = metrics_testing::HttpGet(
+      (*server)->address(), "/metrics",
+      "Authorization: Basic cHJvbWV0aGV1czpzM2NyZXQtcGFzcw==\r\n");
+  EXPECT_TRUE(right.ok()) << right.status();
 }
 
 }  // namespace

@@ -82,6 +82,30 @@ bool Eventually(const std::function<bool()>& done) {
 class PrometheusTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    ASSERT_NO_FATAL_FAILURE(MakeDir());
+    ASSERT_NO_FATAL_FAILURE(StartKvkeepd({}, "http"));
+    // Prometheus: the shipped alert rules, a fast scrape of kvkeepd.
+    const std::string rules =
+        absl::StrCat(KVKEEP_SOURCE_DIR, "/deploy/prometheus/alerts.yml");
+    ASSERT_TRUE(std::filesystem::exists(rules)) << rules;
+    ASSERT_NO_FATAL_FAILURE(
+        StartPrometheus(absl::StrCat("rule_files: ['", rules,
+                                     "']\n"
+                                     "scrape_configs:\n"
+                                     "  - job_name: kvkeepd\n"
+                                     "    static_configs:\n"
+                                     "      - targets: ['",
+                                     metrics_address_, "']\n")));
+
+    client::ClientOptions options;
+    options.address = grpc_address_;
+    absl::StatusOr<client::KvKeepClient> c =
+        client::KvKeepClient::Connect(options);
+    ASSERT_TRUE(c.ok()) << c.status();
+    client_ = std::make_unique<client::KvKeepClient>(*std::move(c));
+  }
+
+  void MakeDir() {
     ASSERT_TRUE(std::filesystem::exists(kPrometheus))
         << kPrometheus
         << " is missing: scripts/test installs Debian's prometheus package";
@@ -89,41 +113,40 @@ class PrometheusTest : public ::testing::Test {
            absl::StrCat("kvkeep_prometheus_", getpid());
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
+  }
 
-    // kvkeepd: 2 layers of f32, 2 kv / 4 query heads, head_dim 8, 4-token
-    // pages; both ports picked by the kernel.
+  // kvkeepd: 2 layers of f32, 2 kv / 4 query heads, head_dim 8, 4-token
+  // pages; both ports picked by the kernel; /metrics over `scheme`.
+  void StartKvkeepd(const std::vector<std::string>& flags,
+                    const std::string& scheme) {
     const std::string config =
         Write("kvkeepd.json",
               R"({"layouts": [{"name": "m", "num_layers": 2, "kv_heads": 2,
             "query_heads": 4, "head_dim": 8, "dtype": "f32",
             "page_tokens": 4, "pool_pages": 512}]})");
-    absl::StatusOr<std::unique_ptr<Child>> kvkeepd = Child::Spawn(
-        {KVKEEPD_BINARY, "--config=" + config, "--listen=127.0.0.1:0",
-         "--metrics_listen=127.0.0.1:0", "--self_check=false"});
+    std::vector<std::string> argv = {
+        KVKEEPD_BINARY, "--config=" + config, "--listen=127.0.0.1:0",
+        "--metrics_listen=127.0.0.1:0", "--self_check=false"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    absl::StatusOr<std::unique_ptr<Child>> kvkeepd = Child::Spawn(argv);
     ASSERT_TRUE(kvkeepd.ok()) << kvkeepd.status();
     kvkeepd_ = *std::move(kvkeepd);
     grpc_address_ = AddressAfter("kvkeepd: grpc listening on ");
     metrics_address_ = std::string(absl::StripSuffix(
-        AddressAfter("kvkeepd: metrics on http://"), "/metrics"));
+        AddressAfter(absl::StrCat("kvkeepd: metrics on ", scheme, "://")),
+        "/metrics"));
     ASSERT_FALSE(grpc_address_.empty() || metrics_address_.empty())
         << kvkeepd_->Output();
+  }
 
-    // Prometheus: the shipped alert rules, a fast scrape of kvkeepd.
-    const std::string rules =
-        absl::StrCat(KVKEEP_SOURCE_DIR, "/deploy/prometheus/alerts.yml");
-    ASSERT_TRUE(std::filesystem::exists(rules)) << rules;
+  // Prometheus scraping every 250 ms, with `rest` (rule files, scrape
+  // configs) after the global section.
+  void StartPrometheus(const std::string& rest) {
     const std::string prometheus_config =
         Write("prometheus.yml", absl::StrCat("global:\n"
                                              "  scrape_interval: 250ms\n"
-                                             "  evaluation_interval: 250ms\n"
-                                             "rule_files: ['",
-                                             rules,
-                                             "']\n"
-                                             "scrape_configs:\n"
-                                             "  - job_name: kvkeepd\n"
-                                             "    static_configs:\n"
-                                             "      - targets: ['",
-                                             metrics_address_, "']\n"));
+                                             "  evaluation_interval: 250ms\n",
+                                             rest));
     prometheus_address_ = absl::StrCat("127.0.0.1:", FreePort());
     absl::StatusOr<std::unique_ptr<Child>> prometheus = Child::Spawn(
         {kPrometheus, "--config.file=" + prometheus_config,
@@ -135,13 +158,6 @@ class PrometheusTest : public ::testing::Test {
       return HttpGet(prometheus_address_, "/-/ready").ok();
     })) << "Prometheus did not become ready:\n"
         << prometheus_->Output();
-
-    client::ClientOptions options;
-    options.address = grpc_address_;
-    absl::StatusOr<client::KvKeepClient> c =
-        client::KvKeepClient::Connect(options);
-    ASSERT_TRUE(c.ok()) << c.status();
-    client_ = std::make_unique<client::KvKeepClient>(*std::move(c));
   }
 
   void TearDown() override {
@@ -337,6 +353,60 @@ TEST_F(PrometheusTest, EveryDeployedMetricNameIsExported) {
     EXPECT_THAT(deployed, ::testing::Contains(name))
         << name << " is exported but not in deploy/metrics.txt";
   }
+}
+
+// /metrics behind basic authentication (metrics_auth_file), scraped by
+// Prometheus as a deployment would: the job with the password scrapes, and
+// jobs without it or with a wrong one get nothing.
+class AuthenticatedMetricsTest : public PrometheusTest {
+ protected:
+  void SetUp() override {
+    ASSERT_NO_FATAL_FAILURE(MakeDir());
+    const std::string auth = Write("metrics-auth", "prometheus:s3cret-pass\n");
+    ASSERT_NO_FATAL_FAILURE(
+        StartKvkeepd({"--metrics_auth_file=" + auth}, "http"));
+    std::string jobs = "scrape_configs:\n";
+    const auto job = [&](const std::string& name, const std::string& password) {
+      absl::StrAppend(&jobs, "  - job_name: ", name, "\n");
+      if (!password.empty()) {
+        absl::StrAppend(&jobs, "    basic_auth: {username: prometheus, ",
+                        "password: '", password, "'}\n");
+      }
+      absl::StrAppend(&jobs, "    static_configs: [{targets: ['",
+                      metrics_address_, "']}]\n");
+    };
+    job("right", "s3cret-pass");
+    job("no_password", "");
+    job("wrong_password", "s3cret-pasS");
+    ASSERT_NO_FATAL_FAILURE(StartPrometheus(jobs));
+  }
+
+  // up{job=`job`}, once Prometheus has scraped it.
+  std::optional<double> Up(const std::string& job) {
+    std::optional<double> up;
+    Eventually([&] {
+      absl::StatusOr<Json> r = Query(absl::StrCat("up{job=\"", job, "\"}"));
+      if (!r.ok() || r->empty()) return false;
+      double v = 0;
+      if (!absl::SimpleAtod((*r)[0]["value"][1].get<std::string>(), &v)) {
+        return false;
+      }
+      up = v;
+      return true;
+    });
+    return up;
+  }
+};
+
+TEST_F(AuthenticatedMetricsTest, OnlyTheScrapeWithThePasswordGetsMetrics) {
+  EXPECT_EQ(Up("right"), 1.0);
+  EXPECT_EQ(Up("no_password"), 0.0);
+  EXPECT_EQ(Up("wrong_password"), 0.0);
+  // What the right job scraped is kvkeepd's.
+  EXPECT_TRUE(Eventually([&] {
+    absl::StatusOr<Json> r = Query("kvkeep_pool_capacity_pages{job=\"right\"}");
+    return r.ok() && !r->empty();
+  })) << "no kvkeep series scraped";
 }
 
 }  // namespace

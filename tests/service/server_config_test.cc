@@ -14,6 +14,7 @@
 namespace kvkeep {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 absl::Status Apply(const std::string& json, ServerConfig& config) {
@@ -171,12 +172,52 @@ TEST(ServerConfigTest, APeerTokenFileIsReadAndTrimmed) {
   std::ofstream(path) << "  a-long-enough-peer-token\n";
   ServerConfig c = DefaultConfig();
   c.peers.token = "replaced-by-the-file";
+  c.peers.also_accept = {"also-replaced-by-the-file"};
   c.peers.token_file = path;
-  EXPECT_EQ(PeerToken(c).value_or("?"), "a-long-enough-peer-token");
+  absl::StatusOr<PeerTokens> tokens = ReadPeerTokens(c);
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  EXPECT_EQ(tokens->send, "a-long-enough-peer-token");
+  EXPECT_THAT(tokens->accept, ElementsAre("a-long-enough-peer-token"));
   std::ofstream(path) << "short\n";
-  EXPECT_EQ(PeerToken(c).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReadPeerTokens(c).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::ofstream(path) << "\n  \n";
+  EXPECT_THAT(std::string(ReadPeerTokens(c).status().message()),
+              HasSubstr("holds no token"));
   c.peers.token_file = path + ".missing";
-  EXPECT_EQ(PeerToken(c).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ReadPeerTokens(c).status().code(), absl::StatusCode::kNotFound);
+}
+
+// A rolling change of the fleet's token: the file's first line is sent,
+// every line is accepted; in the config, peers.also_accept.
+TEST(ServerConfigTest, SeveralPeerTokensAreAcceptedAndTheFirstIsSent) {
+  const std::string path = ::testing::TempDir() + "/server_config_peer_tokens";
+  std::ofstream(path) << "the-new-fleet-token-2\n\nthe-old-fleet-token-1\n";
+  ServerConfig c = DefaultConfig();
+  c.peers.token_file = path;
+  absl::StatusOr<PeerTokens> tokens = ReadPeerTokens(c);
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  EXPECT_EQ(tokens->send, "the-new-fleet-token-2");
+  EXPECT_THAT(tokens->accept,
+              ElementsAre("the-new-fleet-token-2", "the-old-fleet-token-1"));
+
+  ServerConfig j = DefaultConfig();
+  ASSERT_TRUE(Apply(R"({"peers": {"token": "the-new-fleet-token-2",
+                        "also_accept": ["the-old-fleet-token-1"]}})",
+                    j)
+                  .ok());
+  tokens = ReadPeerTokens(j);
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  EXPECT_EQ(tokens->send, "the-new-fleet-token-2");
+  EXPECT_THAT(tokens->accept,
+              ElementsAre("the-new-fleet-token-2", "the-old-fleet-token-1"));
+  j.peers.also_accept = {"short"};
+  EXPECT_THAT(std::string(ValidateConfig(j).message()),
+              HasSubstr("peers.also_accept"));
+  j.peers.also_accept = {"the-old-fleet-token-1"};
+  j.peers.token.clear();
+  EXPECT_THAT(std::string(ValidateConfig(j).message()),
+              HasSubstr("needs peers.token"));
 }
 
 // What no one key's parse sees is refused before a server is built, with

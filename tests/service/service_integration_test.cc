@@ -27,6 +27,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "cache_store/cache_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -2136,32 +2137,39 @@ TEST_F(TenantTest, SessionsBelongToTheirTenant) {
   }
   EXPECT_THAT(ids, UnorderedElementsAre(b1, bystander.id()));
 
-  // Bob cannot touch alice's sessions, by any call.
+  // Bob cannot touch alice's sessions, by any call, and cannot tell them
+  // from sessions that do not exist: the same code and message.
   const std::string bob = "bob-token";
-  const std::initializer_list<std::string> denied = {a1, "another tenant"};
+  const std::initializer_list<std::string> denied = {a1, "not found"};
   v1::SessionStats stats;
   v1::StepResult result;
   v1::GetBlockTablesResponse tables;
   std::vector<v1::KvChunk> chunks;
   const StepSpec s =
       MakeStep(f32_, View{{1, 1}, {0, 0}}, 0, ScoreSource::kReduced, 0);
-  ExpectStatus(Stats(stub(), a1, &stats, bob),
-               grpc::StatusCode::PERMISSION_DENIED, denied);
-  ExpectStatus(Close(stub(), a1, nullptr, bob),
-               grpc::StatusCode::PERMISSION_DENIED, denied);
+  ExpectStatus(Stats(stub(), a1, &stats, bob), grpc::StatusCode::NOT_FOUND,
+               denied);
+  ExpectStatus(Close(stub(), a1, nullptr, bob), grpc::StatusCode::NOT_FOUND,
+               denied);
   ExpectStatus(Append(stub(), AppendToProto(s, a1), &result, bob),
-               grpc::StatusCode::PERMISSION_DENIED, denied);
+               grpc::StatusCode::NOT_FOUND, denied);
   ExpectStatus(Tables(stub(), a1, {}, &tables, bob),
-               grpc::StatusCode::PERMISSION_DENIED, denied);
+               grpc::StatusCode::NOT_FOUND, denied);
   ExpectStatus(ReadKv(stub(), a1, {}, &chunks, bob),
-               grpc::StatusCode::PERMISSION_DENIED, denied);
+               grpc::StatusCode::NOT_FOUND, denied);
   ExpectStatus(Compress(stub(), a1, {}, &result, bob),
-               grpc::StatusCode::PERMISSION_DENIED, denied);
+               grpc::StatusCode::NOT_FOUND, denied);
   ExpectStatus(FailingStep(stub(), StepToProto(s, a1), bob),
-               grpc::StatusCode::PERMISSION_DENIED, denied);
+               grpc::StatusCode::NOT_FOUND, denied);
   v1::AppendPrefillResponse prefilled;
   ExpectStatus(Prefill(stub(), {AppendToProto(s, a1)}, &prefilled, bob),
-               grpc::StatusCode::PERMISSION_DENIED, denied);
+               grpc::StatusCode::NOT_FOUND, denied);
+  const std::string nobody = "00000000000000a1";
+  const grpc::Status theirs = Stats(stub(), a1, &stats, bob);
+  const grpc::Status missing = Stats(stub(), nobody, &stats, bob);
+  EXPECT_EQ(theirs.error_code(), missing.error_code());
+  EXPECT_EQ(absl::StrReplaceAll(theirs.error_message(), {{a1, "ID"}}),
+            absl::StrReplaceAll(missing.error_message(), {{nobody, "ID"}}));
   bystander.Advance();
   // Nothing happened to a1; alice can use it.
   ASSERT_GRPC_OK(Stats(stub(), a1, &stats, "alice-token"));

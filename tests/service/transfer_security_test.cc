@@ -171,6 +171,35 @@ TEST(TransferSecurityTest, ReceiveSessionTakesOnlyConfiguredPeers) {
   EXPECT_TRUE(scratch->store().CloseSession(id).ok());
 }
 
+// A fleet changes its peer token one store at a time: a store that
+// accepts the old and the new token (peers.also_accept) takes transfers
+// from stores still sending the old one and from those already sending the
+// new one, and from no one else.
+TEST(TransferSecurityTest, AStoreAcceptsEveryTokenOfARollingChange) {
+  const std::string kNew = "the-fleet-token-after-the-change";
+  std::unique_ptr<TestServer> scratch = Start(Config());
+  ServerConfig both = Config();
+  both.peers.token = kNew;
+  both.peers.also_accept = {kTestPeerToken};
+  std::unique_ptr<TestServer> target = Start(both);
+
+  grpc::Status s = Import(*target, Forged(*scratch, ""), "r1", kNew);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  s = Import(*target, Forged(*scratch, ""), "r2", kTestPeerToken);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  s = Import(*target, Forged(*scratch, ""), "r3", "some-other-long-token");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+      << s.error_message();
+  EXPECT_EQ(target->store().ListSessions().size(), 2u);
+
+  // A store still sending the old token moves a session there.
+  const SessionId id = Session(scratch->store(), "", 5);
+  s = Transfer(*scratch, id, target->address());
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(target->store().ListSessions().size(), 3u);
+  EXPECT_FALSE(scratch->store().GetStats(id).ok());
+}
+
 // On a store without tenants, an imported session is the anonymous
 // tenant's, whatever its header says: anyone may close it, it counts
 // against that one tenant's limits, and no series names a made-up tenant.

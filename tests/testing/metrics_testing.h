@@ -30,10 +30,11 @@
 namespace kvkeep::metrics_testing {
 
 // The body of http://HOST:PORT`path` (HTTP/1.0, so the server closes the
-// connection at the end); an error for a connection failure or a status
-// other than 200.
+// connection at the end), sending `headers` ("Name: value\r\n" each); an
+// error for a connection failure or a status other than 200.
 inline absl::StatusOr<std::string> HttpGet(const std::string& host_port,
-                                           const std::string& path) {
+                                           const std::string& path,
+                                           const std::string& headers = "") {
   const size_t colon = host_port.rfind(':');
   if (colon == std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat("no port in ", host_port));
@@ -55,8 +56,8 @@ inline absl::StatusOr<std::string> HttpGet(const std::string& host_port,
     return absl::ErrnoToStatus(e, absl::StrCat("connect ", host_port));
   }
   freeaddrinfo(found);
-  const std::string request =
-      absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: ", host_port, "\r\n\r\n");
+  const std::string request = absl::StrCat(
+      "GET ", path, " HTTP/1.0\r\nHost: ", host_port, "\r\n", headers, "\r\n");
   for (size_t sent = 0; sent < request.size();) {
     const ssize_t n =
         send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);

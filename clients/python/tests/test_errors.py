@@ -170,9 +170,14 @@ def test_tenants_permission_and_authentication(make_server, tmp_path):
         kvkeep.Client(srv.address, token="wrong").list()
     s = a.create_session("t_f32", "full")
     assert s.stats().tenant == "a"
-    with pytest.raises(kvkeep.PermissionDenied) as e:
+    # Another tenant's session answers as one that does not exist.
+    with pytest.raises(kvkeep.NotFound) as e:
         b.stats(s.id)
     assert s.id in e.value.message
+    with pytest.raises(kvkeep.NotFound) as missing:
+        b.stats("00000000000000a1")
+    assert (e.value.message.replace(s.id, "ID") ==
+            missing.value.message.replace("00000000000000a1", "ID"))
     assert [x.session_id for x in b.list()] == []
     assert [x.session_id for x in a.list()] == [s.id]
     s.close()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 
 import numpy as np
 import pytest
 
 import kvkeep
+import kvkeep.aio
 from kvkeep import pb
 
 from conftest import LAYOUTS, MAX_MESSAGE_BYTES
@@ -259,3 +261,39 @@ def test_tcp_transfer_and_retry_id(client, make_server):
     r = client.transfer(s.id, target.address, transport="tcp", transfer_id="py-xfer-1")
     assert (r.transport, r.transfer_id) == ("tcp", "py-xfer-1")
     assert kvkeep.Client(target.address).stats(s.id).resident_tokens == 20
+
+
+def test_block_tables_larger_than_a_message_come_joined(client):
+    # 6,000 tokens: about 26 KB of tables per layer, over the 16 KiB limit,
+    # so the answer comes in pages and each layer is split.
+    rng = np.random.default_rng(3)
+    lay = client.layout("t_f32")
+    with client.create_session("t_f32", "full") as s:
+        n = 6000
+        for start in range(0, n, 500):
+            k, v = random_kv(rng, lay, 500)
+            s.append_prefill(k, v, np.arange(start, start + 500))
+        whole = s.block_tables()
+        assert [t.layer for t in whole.tables] == [0, 1]
+        for t in whole.tables:
+            assert t.first_slot == 0
+            assert list(t.positions) == list(range(n))
+        assert whole == s.tables.tables()
+        assert s.resync().tables() == whole
+        # The pages themselves, as a client from the .proto sees them.
+        pages, token = [], ""
+        while True:
+            page = client._c.call("GetBlockTables", pb.GetBlockTablesRequest(
+                session_id=s.id, page_token=token))
+            pages.append(page)
+            token = page.next_page_token
+            if not token:
+                break
+        assert len(pages) >= 3
+        assert any(t.first_slot > 0 for p in pages for t in p.tables)
+        assert all(p.ByteSize() <= MAX_MESSAGE_BYTES for p in pages)
+
+        async def joined_by_aio():
+            async with kvkeep.aio.Client(client.address) as c:
+                return await c.block_tables(s.id)
+        assert asyncio.run(joined_by_aio()) == whole

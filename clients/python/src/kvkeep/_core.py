@@ -18,8 +18,8 @@ from typing import (Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tupl
 import grpc
 import numpy as np
 
-from kvkeep.errors import (FailedPrecondition, InvalidArgument, NotFound,
-                           ResourceExhausted)
+from kvkeep.errors import (FailedPrecondition, InvalidArgument, KvKeepError,
+                           NotFound, ResourceExhausted)
 from kvkeep.mirror import BlockTableMirror
 from kvkeep.v1 import kvkeep_pb2 as pb
 
@@ -713,3 +713,22 @@ def decode_step_request(h: Any, token: Any, scores: Optional[Scores],
             scores, h.layout, h.policy, h.tables,
             appended=packed.n if packed is not None else 0))
     return req, packed
+
+
+def add_block_table_page(whole: pb.GetBlockTablesResponse,
+                         page: pb.GetBlockTablesResponse) -> None:
+    """Adds one page of a GetBlockTables answer to `whole`: a table part that
+    does not start at slot 0 continues the last table (kvkeep.proto)."""
+    for part in page.tables:
+        if part.first_slot == 0:
+            whole.tables.append(part)
+            continue
+        last = whole.tables[-1] if whole.tables else None
+        if (last is None or last.layer != part.layer or last.version != part.version
+                or len(last.positions) != part.first_slot):
+            raise KvKeepError(
+                f"GetBlockTables: a part of layer {part.layer} from slot "
+                f"{part.first_slot} continues no table received")
+        last.pages.extend(part.pages)
+        last.positions.extend(part.positions)
+        last.cache_positions.extend(part.cache_positions)

@@ -22,8 +22,9 @@ import grpc.aio
 from kvkeep import _core
 from kvkeep._core import (BudgetArg, LayerKv, Options, Scores, SessionHandle, TlsArg,
                           TokensArg)
-from kvkeep.errors import (AMBIGUOUS_CODES, FailedPrecondition, InvalidArgument,
-                           KvKeepError, Unavailable, error_for, from_rpc_error)
+from kvkeep.errors import (AMBIGUOUS_CODES, Aborted, FailedPrecondition,
+                           InvalidArgument, KvKeepError, Unavailable, error_for,
+                           from_rpc_error)
 from kvkeep.mirror import BlockTableMirror
 from kvkeep.pool import MappedPool
 from kvkeep.v1 import kvkeep_pb2 as pb
@@ -84,6 +85,25 @@ class _Connection:
             return self._info
         self._info = await self.call("GetServerInfo", pb.GetServerInfoRequest())
         return self._info
+
+    async def block_tables(self, session_id: str,
+                           layers: Sequence[int] = ()) -> pb.GetBlockTablesResponse:
+        """Every page of GetBlockTables, joined (see the sync client)."""
+        for attempt in range(3):
+            whole = pb.GetBlockTablesResponse()
+            token = ""
+            try:
+                while True:
+                    page = await self.call("GetBlockTables", pb.GetBlockTablesRequest(
+                        session_id=session_id, layers=list(layers), page_token=token))
+                    _core.add_block_table_page(whole, page)
+                    token = page.next_page_token
+                    if not token:
+                        return whole
+            except Aborted:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     async def layout(self, name: str) -> pb.Layout:
         layout = _core.find_layout(await self.info(), name)
@@ -167,8 +187,7 @@ class Client:
         stats = await self.stats(session_id)
         info = await self._c.info()
         lay = await self._c.layout(stats.layout)
-        tables = await self._c.call("GetBlockTables",
-                                    pb.GetBlockTablesRequest(session_id=session_id))
+        tables = await self._c.block_tables(session_id)
         handle = SessionHandle(
             id=session_id, layout=lay, policy=_core.find_policy(info, stats.policy),
             layer_budgets=list(stats.layer_budget),
@@ -189,8 +208,7 @@ class Client:
 
     async def block_tables(self, session_id: str,
                            layers: Sequence[int] = ()) -> pb.GetBlockTablesResponse:
-        return await self._c.call("GetBlockTables", pb.GetBlockTablesRequest(
-            session_id=session_id, layers=list(layers)))
+        return await self._c.block_tables(session_id, layers)
 
     async def transfer(self, session_id: str, target: str, *, target_token: str = "",
                        transport: str = "", transfer_id: Optional[str] = None
@@ -298,8 +316,7 @@ class Session:
         return result
 
     async def resync(self) -> BlockTableMirror:
-        tables = await self._c.call("GetBlockTables",
-                                    pb.GetBlockTablesRequest(session_id=self.id))
+        tables = await self._c.block_tables(self.id)
         self._h.tables = BlockTableMirror.from_tables(tables)
         self._h.in_sync = True
         return self._h.tables
@@ -313,8 +330,7 @@ class Session:
         return freed
 
     async def block_tables(self, layers: Sequence[int] = ()) -> pb.GetBlockTablesResponse:
-        return await self._c.call("GetBlockTables", pb.GetBlockTablesRequest(
-            session_id=self.id, layers=list(layers)))
+        return await self._c.block_tables(self.id, layers)
 
     async def read_kv(self, layers: Sequence[int] = ()) -> List[LayerKv]:
         chunks = await self._c.call("ReadKv", pb.ReadKvRequest(

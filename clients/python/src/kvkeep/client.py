@@ -25,8 +25,8 @@ import grpc
 from kvkeep import _core
 from kvkeep._core import (BudgetArg, LayerKv, Options, Scores, SessionHandle, TlsArg,
                           TokensArg)
-from kvkeep.errors import (AMBIGUOUS_CODES, FailedPrecondition, InvalidArgument,
-                           KvKeepError, Unavailable, error_for,
+from kvkeep.errors import (AMBIGUOUS_CODES, Aborted, FailedPrecondition,
+                           InvalidArgument, KvKeepError, Unavailable, error_for,
                            from_rpc_error)
 from kvkeep.mirror import BlockTableMirror
 from kvkeep.pool import MappedPool
@@ -94,6 +94,26 @@ class _Connection:
         with self._lock:
             self._info = info
         return info
+
+    def block_tables(self, session_id: str,
+                     layers: Sequence[int] = ()) -> pb.GetBlockTablesResponse:
+        """Every page of GetBlockTables, joined; asked again (twice at most)
+        when the session changed between pages (ABORTED)."""
+        for attempt in range(3):
+            whole = pb.GetBlockTablesResponse()
+            token = ""
+            try:
+                while True:
+                    page = self.call("GetBlockTables", pb.GetBlockTablesRequest(
+                        session_id=session_id, layers=list(layers), page_token=token))
+                    _core.add_block_table_page(whole, page)
+                    token = page.next_page_token
+                    if not token:
+                        return whole
+            except Aborted:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     def layout(self, name: str) -> pb.Layout:
         layout = _core.find_layout(self.info(), name)
@@ -189,8 +209,7 @@ class Client:
         stats = self.stats(session_id)
         info = self._c.info()
         lay = self._c.layout(stats.layout)
-        tables = self._c.call("GetBlockTables",
-                              pb.GetBlockTablesRequest(session_id=session_id))
+        tables = self._c.block_tables(session_id)
         handle = SessionHandle(
             id=session_id, layout=lay, policy=_core.find_policy(info, stats.policy),
             layer_budgets=list(stats.layer_budget),
@@ -213,8 +232,7 @@ class Client:
 
     def block_tables(self, session_id: str,
                      layers: Sequence[int] = ()) -> pb.GetBlockTablesResponse:
-        return self._c.call("GetBlockTables", pb.GetBlockTablesRequest(
-            session_id=session_id, layers=list(layers)))
+        return self._c.block_tables(session_id, layers)
 
     def transfer(self, session_id: str, target: str, *, target_token: str = "",
                  transport: str = "", transfer_id: Optional[str] = None
@@ -402,7 +420,7 @@ class Session:
 
     def resync(self) -> BlockTableMirror:
         """Rebuilds the mirror from GetBlockTables (after an unknown outcome)."""
-        tables = self._c.call("GetBlockTables", pb.GetBlockTablesRequest(session_id=self.id))
+        tables = self._c.block_tables(self.id)
         self._h.tables = BlockTableMirror.from_tables(tables)
         self._h.in_sync = True
         return self._h.tables
@@ -420,8 +438,7 @@ class Session:
     # -- reading it ------------------------------------------------------------
 
     def block_tables(self, layers: Sequence[int] = ()) -> pb.GetBlockTablesResponse:
-        return self._c.call("GetBlockTables", pb.GetBlockTablesRequest(
-            session_id=self.id, layers=list(layers)))
+        return self._c.block_tables(self.id, layers)
 
     def read_kv(self, layers: Sequence[int] = ()) -> List[LayerKv]:
         """The resident keys and values of `layers` (default all), slot order."""

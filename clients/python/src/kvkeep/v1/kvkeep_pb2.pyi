@@ -362,34 +362,42 @@ class CompressPromptRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., window: _Optional[_Iterable[_Union[LayerScores, _Mapping]]] = ...) -> None: ...
 
 class GetBlockTablesRequest(_message.Message):
-    __slots__ = ("session_id", "layers")
+    __slots__ = ("session_id", "layers", "page_token", "max_page_bytes")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     LAYERS_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    MAX_PAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     layers: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, session_id: _Optional[str] = ..., layers: _Optional[_Iterable[int]] = ...) -> None: ...
+    page_token: str
+    max_page_bytes: int
+    def __init__(self, session_id: _Optional[str] = ..., layers: _Optional[_Iterable[int]] = ..., page_token: _Optional[str] = ..., max_page_bytes: _Optional[int] = ...) -> None: ...
 
 class BlockTable(_message.Message):
-    __slots__ = ("layer", "version", "page_tokens", "pages", "positions", "cache_positions")
+    __slots__ = ("layer", "version", "page_tokens", "pages", "positions", "cache_positions", "first_slot")
     LAYER_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PAGES_FIELD_NUMBER: _ClassVar[int]
     POSITIONS_FIELD_NUMBER: _ClassVar[int]
     CACHE_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SLOT_FIELD_NUMBER: _ClassVar[int]
     layer: int
     version: int
     page_tokens: int
     pages: _containers.RepeatedScalarFieldContainer[int]
     positions: _containers.RepeatedScalarFieldContainer[int]
     cache_positions: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, layer: _Optional[int] = ..., version: _Optional[int] = ..., page_tokens: _Optional[int] = ..., pages: _Optional[_Iterable[int]] = ..., positions: _Optional[_Iterable[int]] = ..., cache_positions: _Optional[_Iterable[int]] = ...) -> None: ...
+    first_slot: int
+    def __init__(self, layer: _Optional[int] = ..., version: _Optional[int] = ..., page_tokens: _Optional[int] = ..., pages: _Optional[_Iterable[int]] = ..., positions: _Optional[_Iterable[int]] = ..., cache_positions: _Optional[_Iterable[int]] = ..., first_slot: _Optional[int] = ...) -> None: ...
 
 class GetBlockTablesResponse(_message.Message):
-    __slots__ = ("tables",)
+    __slots__ = ("tables", "next_page_token")
     TABLES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     tables: _containers.RepeatedCompositeFieldContainer[BlockTable]
-    def __init__(self, tables: _Optional[_Iterable[_Union[BlockTable, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, tables: _Optional[_Iterable[_Union[BlockTable, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class ReadKvRequest(_message.Message):
     __slots__ = ("session_id", "layers")
