@@ -272,7 +272,19 @@ absl::Status CacheStore::FinishTransfer(SessionId id, bool committed) {
         absl::StrCat(SessionLabel(id), " is not being transferred"));
   }
   if (committed) return Close(id, /*transferred=*/true);
+  {
+    absl::MutexLock lock(&(*entry)->note_mu);
+    (*entry)->transfer_note.clear();
+  }
   (*entry)->transferring = false;
+  return absl::OkStatus();
+}
+
+absl::Status CacheStore::NoteTransfer(SessionId id, std::string note) {
+  absl::StatusOr<std::shared_ptr<Entry>> entry = Find(id);
+  if (!entry.ok()) return entry.status();
+  absl::MutexLock lock(&(*entry)->note_mu);
+  (*entry)->transfer_note = std::move(note);
   return absl::OkStatus();
 }
 
@@ -394,10 +406,9 @@ auto CacheStore::Work(SessionId id, StoreOperation op, Fn fn)
     -> decltype(fn(std::declval<Session&>())) {
   return WithEntry(id, [&](const Entry& entry, Session& session) {
     if (entry.transferring) {
-      return decltype(fn(session))(absl::UnavailableError(absl::StrCat(
-          SessionLabel(entry.info.id),
-          " is being transferred to another store; it takes no changes "
-          "until the transfer is done")));
+      return decltype(fn(session))(absl::UnavailableError(
+          absl::StrCat(SessionLabel(entry.info.id), entry.Transferring(),
+                       "; it takes no changes until the transfer is done")));
     }
     if (options_.observer == nullptr) return fn(session);
     const SessionWork before = session.work();
@@ -435,9 +446,8 @@ absl::Status CacheStore::Close(SessionId id, bool transferred) {
     }
     if (it->second->transferring && !transferred) {
       return absl::UnavailableError(
-          absl::StrCat(SessionLabel(id),
-                       " is being transferred to another store; retry once "
-                       "the transfer is done"));
+          absl::StrCat(SessionLabel(id), it->second->Transferring(),
+                       "; retry once the transfer is done"));
     }
     entry = std::move(it->second);
     sessions_.erase(it);

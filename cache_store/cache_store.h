@@ -19,6 +19,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/random/random.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "cache_store/model_layout.h"
 #include "cache_store/page_pool.h"
@@ -132,6 +133,9 @@ class CacheStore {
   // (Finish).
   absl::StatusOr<SessionSnapshot> FreezeForTransfer(SessionId id);
   absl::Status FinishTransfer(SessionId id, bool committed);
+  // What the calls a frozen session refuses add to their message (the
+  // transfer's id, whether its commit is in doubt); NOT_FOUND.
+  absl::Status NoteTransfer(SessionId id, std::string note);
   // Where slots [first, first + n) of a frozen session's `layer` lie in its
   // pool's host arena, so a sender reads them in place (they cannot change
   // until FinishTransfer). NOT_FOUND; FAILED_PRECONDITION if the session is
@@ -217,6 +221,17 @@ class CacheStore {
     // FinishTransfer; read by operations under `mu` and by CloseSession
     // under the store's lock.
     std::atomic<bool> transferring{false};
+    // NoteTransfer's, while transferring.
+    mutable absl::Mutex note_mu;
+    std::string transfer_note ABSL_GUARDED_BY(note_mu);
+    // "is being transferred to another store", and the note.
+    std::string Transferring() const {
+      absl::MutexLock lock(&note_mu);
+      return transfer_note.empty()
+                 ? std::string(" is being transferred to another store")
+                 : absl::StrCat(" is being transferred to another store (",
+                                transfer_note, ")");
+    }
   };
   struct Pool {
     ModelLayout layout;

@@ -1,5 +1,6 @@
 #include "services/kvkeepd/kvkeep_server.h"
 
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -98,6 +99,12 @@ ServiceOptions ServiceOptionsFor(const ServerConfig& config,
   options.max_message_bytes = config.max_message_bytes;
   options.log_events = config.log_events;
   options.backend = device.name();
+  options.transfer_time_limit = absl::Seconds(config.transfer_timeout_seconds);
+  options.peer_keepalive = absl::Seconds(config.peer_keepalive_seconds);
+  options.transfer_resolve_attempts =
+      static_cast<int>(config.transfer_resolve_attempts);
+  options.transfer_resolve_wait =
+      absl::Seconds(config.transfer_resolve_seconds);
   options.peer_identities = config.peers.identities;
   options.plaintext_data = config.tls.cert_file.empty();
   return options;
@@ -201,6 +208,13 @@ absl::Status KvKeepServer::Listen(grpc::Service* service) {
   // session's pages arrive in 4 MiB chunks); small calls are unaffected.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 16 << 20);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
+  // Peers ping to see that a transfer's target is alive
+  // (peer_keepalive_seconds, at least 1 s): allowed without calls and
+  // without data, and at up to twice that rate (a ping early by jitter is
+  // no strike).
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500);
   builder.RegisterService(service);
   std::vector<std::string> methods = MethodsOf({"kvkeep.v1.KvKeep"});
   for (const char* m :
@@ -229,8 +243,18 @@ void KvKeepServer::Stop(absl::Duration drain) {
   if (stopped_ || server_ == nullptr) return;
   stopped_ = true;
   server_->GetHealthCheckService()->SetServingStatus(false);
-  server_->Shutdown(absl::ToChronoTime(absl::Now() + drain));
+  const absl::Time end = absl::Now() + drain;
+  // Transfers still sending at three quarters of the grace are cancelled
+  // (before their commit: the session stays here), so each caller hears
+  // how its transfer ended before the server cancels what is left.
+  std::thread transfers;
+  if (service_ != nullptr) {
+    transfers = std::thread(
+        [this, at = end - drain / 4] { service_->DrainTransfers(at); });
+  }
+  server_->Shutdown(absl::ToChronoTime(end));
   server_->Wait();
+  if (transfers.joinable()) transfers.join();
 }
 
 std::string KvKeepServer::metrics_address() const {

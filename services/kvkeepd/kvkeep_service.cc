@@ -40,8 +40,20 @@ std::string LogValue(absl::string_view s) {
                       s.size() > kMax ? "..." : "", "\"");
 }
 
-TransferOptions TransferOptionsOf(const ServiceOptions& options) {
+TransferOptions TransferOptionsOf(const ServiceOptions& options,
+                                  const KvKeepService* service) {
   TransferOptions t;
+  t.time_limit = options.transfer_time_limit;
+  t.keepalive = options.peer_keepalive;
+  t.resolve_attempts = options.transfer_resolve_attempts;
+  t.resolve_wait = options.transfer_resolve_wait;
+  t.on_resolved = [service](SessionId id, const std::string& transfer_id,
+                            bool committed) {
+    service->LogEvent(
+        "transfer_resolved",
+        absl::StrCat("session=", SessionName(id), " transfer=", transfer_id,
+                     committed ? " committed=true" : " committed=false"));
+  };
   t.max_message_bytes = options.max_message_bytes;
   t.tenants_configured = !options.tenants_by_token.empty();
   t.on_transfer = options.on_transfer;
@@ -58,7 +70,7 @@ TransferOptions TransferOptionsOf(const ServiceOptions& options) {
 KvKeepService::KvKeepService(CacheStore* store, ServiceOptions options)
     : store_(store),
       options_(std::move(options)),
-      transfers_(store, TransferOptionsOf(options_)) {
+      transfers_(store, TransferOptionsOf(options_, this)) {
   // ReceiveSession reads each chunk in place (session_receiver.h).
   MarkMethodRawCallback(
       ReceiveSessionMethodIndex(),
@@ -695,56 +707,6 @@ KvKeepService::Decode(grpc::CallbackServerContext* ctx) {
 grpc::ServerWriteReactor<v1::KvChunk>* KvKeepService::ReadKv(
     grpc::CallbackServerContext* ctx, const v1::ReadKvRequest* req) {
   return new ReadKvReactor(this, ctx, req);
-}
-
-}  // namespace kvkeep
-
-namespace kvkeep {
-
-grpc::ServerUnaryReactor* KvKeepService::TransferSession(
-    grpc::CallbackServerContext* ctx, const v1::TransferSessionRequest* req,
-    v1::TransferSessionResponse* resp) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  absl::StatusOr<SessionId> id = CallerSession(*ctx, req->session_id());
-  if (!id.ok()) {
-    reactor->Finish(Finish("TransferSession", id.status()));
-    return reactor;
-  }
-  if (req->target().empty()) {
-    reactor->Finish(Finish("TransferSession",
-                           absl::InvalidArgumentError(
-                               "TransferSession needs a target host:port")));
-    return reactor;
-  }
-  absl::StatusOr<Transport> transport = ParseTransport(req->transport());
-  if (!transport.ok()) {
-    reactor->Finish(Finish("TransferSession", transport.status()));
-    return reactor;
-  }
-  OutgoingTransfer transfer;
-  transfer.id = *id;
-  transfer.target = req->target();
-  transfer.target_token = req->target_token();
-  transfer.transfer_id = req->transfer_id();
-  transfer.transport = *transport;
-  transfer.deadline = absl::FromChrono(ctx->deadline());
-  const std::string target = req->target();
-  transfers_.Send(std::move(transfer), [this, id = *id, target, reactor,
-                                        resp](const TransferOutcome& outcome) {
-    if (!outcome.status.ok()) {
-      reactor->Finish(Finish("TransferSession", outcome.status));
-      return;
-    }
-    resp->set_session_id(SessionName(id));
-    resp->set_transfer_id(outcome.transfer_id);
-    resp->set_transport(std::string(TransportName(outcome.transport)));
-    resp->set_bytes(outcome.bytes);
-    resp->set_seconds(absl::ToDoubleSeconds(outcome.duration));
-    LogEvent("transfer", absl::StrCat("session=", SessionName(id), " target=",
-                                      target, " bytes=", outcome.bytes));
-    reactor->Finish(grpc::Status::OK);
-  });
-  return reactor;
 }
 
 }  // namespace kvkeep

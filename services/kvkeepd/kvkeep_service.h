@@ -61,7 +61,18 @@ struct ServiceOptions {
   // Whether outgoing transfers may use the plaintext data socket (not from
   // a store with TLS).
   bool plaintext_data = true;
+  // Outgoing transfers (TransferOptions): the time limit when the caller
+  // gives no earlier deadline, HTTP/2 keepalive to targets, and how a
+  // commit in doubt is asked about.
+  absl::Duration transfer_time_limit = absl::Minutes(5);
+  absl::Duration peer_keepalive = absl::Seconds(10);
+  int transfer_resolve_attempts = 12;
+  absl::Duration transfer_resolve_wait = absl::Seconds(1);
 };
+
+// The trailing metadata that names a TransferSession's transfer id, on
+// success and on every error once the id is known.
+inline constexpr char kTransferIdMetadata[] = "kvkeep-transfer-id";
 
 class KvKeepService final : public v1::KvKeep::CallbackService {
  public:
@@ -105,6 +116,11 @@ class KvKeepService final : public v1::KvKeep::CallbackService {
   grpc::ServerUnaryReactor* TransferSession(
       grpc::CallbackServerContext* ctx, const v1::TransferSessionRequest* req,
       v1::TransferSessionResponse* resp) override;
+
+  // The drain's part for transfers (TransferCoordinator::Drain): those still
+  // sending at `deadline` are cancelled, before the gRPC server's own
+  // deadline cancels their calls, so their callers hear how they ended.
+  void DrainTransfers(absl::Time deadline) { transfers_.Drain(deadline); }
   // ReceiveSession is registered raw in the constructor (the transfer
   // module's receiver reads chunks in place): the typed override is unused.
 

@@ -12,6 +12,7 @@
 #include <csignal>
 #include <cstdio>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -61,6 +62,15 @@ ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA: clients must present a certificate it signed");
 ABSL_FLAG(double, drain_seconds, -1,
           "on SIGTERM, how long in-flight calls may take to finish (10)");
+ABSL_FLAG(double, transfer_timeout_seconds, -1,
+          "an outgoing transfer's time limit when its caller gives no earlier "
+          "deadline (300)");
+ABSL_FLAG(double, peer_keepalive_seconds, -1,
+          "HTTP/2 keepalive to a transfer's target, 0: off (10)");
+ABSL_FLAG(double, transfer_resolve_seconds, -1,
+          "a commit in doubt: the wait before asking the target (1)");
+ABSL_FLAG(int64_t, transfer_resolve_attempts, -1,
+          "a commit in doubt: how many times the target is asked (12)");
 ABSL_FLAG(bool, log_events, false,
           "log one line per session create/close and per error (stderr)");
 ABSL_FLAG(bool, self_check, true,
@@ -121,6 +131,15 @@ absl::StatusOr<ServerConfig> LoadConfig() {
   if (double d = absl::GetFlag(FLAGS_drain_seconds); d >= 0) {
     config.drain_seconds = d;
   }
+  for (auto [flag, value] : {std::pair{&FLAGS_transfer_timeout_seconds,
+                                       &config.transfer_timeout_seconds},
+                             std::pair{&FLAGS_peer_keepalive_seconds,
+                                       &config.peer_keepalive_seconds},
+                             std::pair{&FLAGS_transfer_resolve_seconds,
+                                       &config.transfer_resolve_seconds}}) {
+    if (double d = absl::GetFlag(*flag); d >= 0) *value = d;
+  }
+  set_int(FLAGS_transfer_resolve_attempts, config.transfer_resolve_attempts);
   if (absl::GetFlag(FLAGS_log_events)) config.log_events = true;
   set_string(FLAGS_device, config.device);
   if (absl::GetFlag(FLAGS_share_pools)) config.share_pools = true;

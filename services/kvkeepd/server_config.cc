@@ -183,6 +183,22 @@ absl::Status ValidateConfig(const ServerConfig& config) {
   if (config.max_sessions < 1) {
     return absl::InvalidArgumentError("limits.max_sessions must be >= 1");
   }
+  if (!(config.transfer_timeout_seconds > 0)) {
+    return absl::InvalidArgumentError(
+        "transfer_timeout_seconds must be > 0 (a transfer's time limit)");
+  }
+  if (!(config.peer_keepalive_seconds == 0 ||
+        config.peer_keepalive_seconds >= 1)) {
+    return absl::InvalidArgumentError(
+        "peer_keepalive_seconds must be 0 (off) or >= 1 (stores accept a "
+        "ping a second at most)");
+  }
+  if (config.transfer_resolve_attempts < 0 ||
+      !(config.transfer_resolve_seconds > 0)) {
+    return absl::InvalidArgumentError(
+        "transfer_resolve_attempts must be >= 0 and transfer_resolve_seconds "
+        "> 0");
+  }
   if (config.max_sessions_per_tenant < 0) {
     return absl::InvalidArgumentError(
         "limits.max_sessions_per_tenant must be >= 0 (0: no limit)");
@@ -293,12 +309,14 @@ absl::Status ApplyConfigJson(absl::string_view text, ServerConfig& config) {
   absl::StatusOr<Json> parsed = ParseJson(text, "config");
   if (!parsed.ok()) return parsed.status();
   const Json& j = *parsed;
-  KVKEEP_RETURN_IF_ERROR(
-      CheckKeys(j, "the config",
-                {"listen", "metrics_listen", "metrics_session_series",
-                 "metrics_auth_file", "layouts", "default_policy", "limits",
-                 "tenants", "tenants_file", "tls", "peers", "drain_seconds",
-                 "log_events", "device", "share_pools", "transfer_listen"}));
+  KVKEEP_RETURN_IF_ERROR(CheckKeys(
+      j, "the config",
+      {"listen", "metrics_listen", "metrics_session_series",
+       "metrics_auth_file", "layouts", "default_policy", "limits", "tenants",
+       "tenants_file", "tls", "peers", "drain_seconds", "log_events", "device",
+       "share_pools", "transfer_listen", "transfer_timeout_seconds",
+       "peer_keepalive_seconds", "transfer_resolve_attempts",
+       "transfer_resolve_seconds"}));
   KVKEEP_RETURN_IF_ERROR(Read(j, "metrics_session_series", "config",
                               config.metrics_session_series));
   if (config.metrics_session_series < 0) {
@@ -314,6 +332,14 @@ absl::Status ApplyConfigJson(absl::string_view text, ServerConfig& config) {
       Read(j, "metrics_listen", "config", config.metrics_listen));
   KVKEEP_RETURN_IF_ERROR(
       Read(j, "drain_seconds", "config", config.drain_seconds));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "transfer_timeout_seconds", "config",
+                              config.transfer_timeout_seconds));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "peer_keepalive_seconds", "config",
+                              config.peer_keepalive_seconds));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "transfer_resolve_attempts", "config",
+                              config.transfer_resolve_attempts));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "transfer_resolve_seconds", "config",
+                              config.transfer_resolve_seconds));
   KVKEEP_RETURN_IF_ERROR(Read(j, "log_events", "config", config.log_events));
   KVKEEP_RETURN_IF_ERROR(Read(j, "device", "config", config.device));
   KVKEEP_RETURN_IF_ERROR(Read(j, "share_pools", "config", config.share_pools));

@@ -79,8 +79,20 @@ struct ServerConfig {
   std::string metrics_auth_file;
   TlsConfig tls;
   PeerConfig peers;
-  double drain_seconds = 10;  // graceful shutdown deadline
-  bool log_events = false;    // one line per session create/close and error
+  // Graceful shutdown deadline: in-flight calls may finish within it;
+  // transfers still sending at three quarters of it are cancelled, so their
+  // callers hear how they ended before the rest are cancelled.
+  double drain_seconds = 10;
+  // Outgoing session transfers (docs/transfer.md): the time limit of one
+  // when its caller gives no earlier deadline; the HTTP/2 keepalive ping
+  // interval (and answer timeout) on the channel to a target, 0: off,
+  // else at least 1; and, for a commit in doubt, how many times the target
+  // is asked and the wait before the first question (doubling after).
+  double transfer_timeout_seconds = 300;
+  double peer_keepalive_seconds = 10;
+  int64_t transfer_resolve_attempts = 12;
+  double transfer_resolve_seconds = 1;
+  bool log_events = false;  // one line per session create/close and error
   // Where the pools live: "host", "auto" (the first GPU if there is one),
   // "cuda" or "cuda:N" (ResolveDevice).
   std::string device = "host";

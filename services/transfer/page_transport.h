@@ -44,6 +44,9 @@ class PageSender {
   virtual absl::Status Finish() = 0;
   // The transfer ended, committed or not (NCCL: the link goes back).
   virtual void Done(bool committed) {}
+  // From another thread: ends a Send or Finish waiting on the target (the
+  // transfer was cancelled). Those on the ReceiveSession call end with it.
+  virtual void Abort() {}
 };
 
 // Wraps the sender a transfer chose (tests: a transport that fails, stalls

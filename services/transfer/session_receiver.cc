@@ -238,7 +238,7 @@ class ReceiveReactor final
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the sender went away"));
       return;
     }
-    if (reply_.phase() == v1::TransferReply::COMMITTED) {
+    if (reply_.phase() == v1::TransferReply::COMMITTED || resolving_) {
       Finish(grpc::Status::OK);
       return;
     }
@@ -249,7 +249,8 @@ class ReceiveReactor final
     // A no-op unless the call ended without a commit.
     Abandon(end_code_ == absl::StatusCode::kOk ? absl::StatusCode::kCancelled
                                                : end_code_);
-    if (observer_ && started_ && !reported_) {
+    if (begun_) log_->End(transfer_id_);
+    if (observer_ && started_ && !resolving_ && !reported_) {
       observer_(TransferReport{
           receive_ != nullptr ? receive_->transport : Transport::kHost,
           /*outgoing=*/false, committed_ ? absl::StatusCode::kOk : end_code_,
@@ -293,6 +294,8 @@ class ReceiveReactor final
       }
       case v1::TransferMessage::kCommit:
         return Commit();
+      case v1::TransferMessage::kResolve:
+        return Resolve(message.transfer_id());
       default:
         return absl::InvalidArgumentError("an empty transfer message");
     }
@@ -325,6 +328,8 @@ class ReceiveReactor final
     if (log_->Contains(transfer_id_)) {  // a retry of a committed transfer
       return Reply(v1::TransferReply::COMMITTED);
     }
+    fence_ = log_->Begin(transfer_id_);
+    begun_ = true;
     for (const LayoutStats& l : store_->Layouts()) {
       if (l.layout.name == snapshot->layout) {
         token_bytes_ =
@@ -557,14 +562,33 @@ class ReceiveReactor final
       bytes_ = receive_->bytes;
       if (!receive_->status.ok()) return receive_->status;
     }
-    absl::StatusOr<SessionId> id = store_->CommitImport(std::move(pending_));
+    // Unless the source, its commit in doubt, was told it did not commit.
+    absl::StatusOr<SessionId> id =
+        log_->Commit(transfer_id_, fence_, tenant_,
+                     [&] { return store_->CommitImport(std::move(pending_)); });
     if (receive_ != nullptr && receive_->channel != nullptr) {
       receive_->channel->Done(id.ok());
     }
     if (!id.ok()) return id.status();
-    log_->Add(transfer_id_, *id);
     committed_ = true;
     return Reply(v1::TransferReply::COMMITTED);
+  }
+
+  // A source's question about a transfer whose commit was in doubt.
+  absl::Status Resolve(const std::string& transfer_id) {
+    if (started_) {
+      return absl::InvalidArgumentError("a resolve comes alone on its stream");
+    }
+    started_ = true;
+    if (transfer_id.empty()) {
+      return absl::InvalidArgumentError("a resolve needs a transfer_id");
+    }
+    absl::StatusOr<bool> committed = log_->Resolve(transfer_id, tenant_);
+    if (!committed.ok()) return committed.status();
+    // The call ends with this reply, as after COMMITTED.
+    resolving_ = true;
+    return Reply(*committed ? v1::TransferReply::COMMITTED
+                            : v1::TransferReply::ABORTED);
   }
 
   absl::Status Reply(v1::TransferReply::Phase phase) {
@@ -588,6 +612,9 @@ class ReceiveReactor final
   std::string tenant_;
   std::string transfer_id_;
   bool started_ = false;
+  bool begun_ = false;      // log_->Begin was called
+  uint64_t fence_ = 0;      // what it returned
+  bool resolving_ = false;  // the stream carried a resolve
   size_t token_bytes_ = 0;  // one token's keys (or values) in one layer
   std::unique_ptr<CacheStore::PendingImport> pending_;
   std::shared_ptr<SideReceive> receive_;

@@ -136,6 +136,17 @@ std::shared_ptr<TransferCall> StartCall(
   args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 16 << 20);
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
   args.SetInt(GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 16 << 20);
+  if (options.keepalive > absl::ZeroDuration()) {
+    // A frozen target answers no ping: the connection drops, the call ends
+    // UNAVAILABLE. Pings go on while no data moves (a frozen target takes
+    // none), and between calls (a resolve may come on the same channel).
+    const int ms =
+        static_cast<int>(absl::ToInt64Milliseconds(options.keepalive));
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, ms);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ms);
+    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  }
   *stub = std::make_unique<grpc::GenericStub>(grpc::CreateCustomChannel(
       options.target,
       options.credentials != nullptr ? options.credentials
@@ -145,13 +156,58 @@ std::shared_ptr<TransferCall> StartCall(
                              options.peer_token);
 }
 
+// The send itself (SendSession adds the cancel's reason).
+SendResult Send(const SessionSnapshot& snapshot, const SlotSource& source,
+                const SendOptions& options);
+
 }  // namespace
 
 SendResult SendSession(const SessionSnapshot& snapshot,
                        const SlotSource& source, const SendOptions& options) {
+  SendResult result = Send(snapshot, source, options);
+  // A cancelled send says why it was cancelled, not how its waits ended.
+  if (options.cancel != nullptr && !result.status.ok()) {
+    if (absl::Status why = options.cancel->why(); !why.ok()) {
+      result.status = absl::Status(
+          why.code(),
+          absl::StrCat(why.message(), " (", result.status.message(), ")"));
+    }
+  }
+  return result;
+}
+
+absl::StatusOr<bool> AskCommitted(const SendOptions& options) {
+  std::unique_ptr<grpc::GenericStub> stub;
+  const std::shared_ptr<TransferCall> call = StartCall(options, &stub);
+  TransferCancel::Binding binding(options.cancel, [call] { call->Cancel(); });
+  v1::TransferMessage resolve;
+  resolve.set_transfer_id(options.transfer_id);
+  resolve.set_resolve(true);
+  std::optional<v1::TransferReply> reply;
+  if (call->Write(Serialize(resolve))) {
+    call->StartReading();
+    reply = call->AwaitReply();
+  }
+  const grpc::Status status = call->Finish(/*cancel=*/false);
+  if (reply.has_value() && reply->phase() == v1::TransferReply::COMMITTED) {
+    return true;
+  }
+  if (reply.has_value() && reply->phase() == v1::TransferReply::ABORTED) {
+    return false;
+  }
+  if (!status.ok()) return FromGrpcStatus(status);
+  return absl::UnavailableError(absl::StrCat(
+      "the target ", Quote(options.target), " did not answer the resolve"));
+}
+
+namespace {
+
+SendResult Send(const SessionSnapshot& snapshot, const SlotSource& source,
+                const SendOptions& options) {
   SendResult result;
   std::unique_ptr<grpc::GenericStub> stub;
   const std::shared_ptr<TransferCall> call = StartCall(options, &stub);
+  TransferCancel::Binding binding(options.cancel, [call] { call->Cancel(); });
   bool commit_sent = false;
   // The call ended (or broke) from the target's side: its status says why.
   auto end = [&](absl::string_view what) {
@@ -204,6 +260,9 @@ SendResult SendSession(const SessionSnapshot& snapshot,
       ChooseSender(*reply, options, call.get());
   if (!sender.ok()) return cancel(sender.status());
   if (options.wrap) *sender = options.wrap(*std::move(sender));
+  // Unbound before the sender goes.
+  TransferCancel::Binding abort(options.cancel,
+                                [s = sender->get()] { s->Abort(); });
   result.transport = (*sender)->transport();
   if (absl::Status s = SendPages(snapshot, source, options.token_bytes,
                                  **sender, &result.bytes);
@@ -230,4 +289,5 @@ SendResult SendSession(const SessionSnapshot& snapshot,
   return result;
 }
 
+}  // namespace
 }  // namespace kvkeep

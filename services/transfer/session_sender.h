@@ -25,6 +25,7 @@
 #include "kvkeep/v1/kvkeep.pb.h"
 #include "services/transfer/nccl_transport.h"
 #include "services/transfer/page_transport.h"
+#include "services/transfer/transfer_cancel.h"
 #include "services/transfer/transport.h"
 
 namespace kvkeep {
@@ -42,6 +43,13 @@ struct SendOptions {
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   std::string transfer_id;
   absl::Time deadline = absl::InfiniteFuture();
+  // HTTP/2 keepalive on the channel to the target: a ping after this long
+  // without a frame, and the connection is dropped if the ping is not
+  // answered within as long again (a frozen target is noticed). Zero: none.
+  absl::Duration keepalive = absl::ZeroDuration();
+  // Stops the send from another thread (may be null); its reason becomes
+  // the send's status.
+  TransferCancel* cancel = nullptr;
   int64_t chunk_bytes = 4 << 20;  // keys + values per chunk, at most
   int64_t max_message_bytes = 64 << 20;
   // NCCL: offered with the header when set. If the target takes it, the
@@ -86,6 +94,11 @@ struct SendResult {
 // Sends `state` (a snapshot without its bytes) and then its pages.
 SendResult SendSession(const SessionSnapshot& state, const SlotSource& source,
                        const SendOptions& options);
+
+// Asks the target (ReceiveSession's resolve) whether it committed
+// options.transfer_id: true or false (and then it never will), or why it
+// could not be asked by options.deadline.
+absl::StatusOr<bool> AskCommitted(const SendOptions& options);
 
 }  // namespace kvkeep
 

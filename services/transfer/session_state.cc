@@ -66,14 +66,56 @@ absl::StatusOr<SessionSnapshot> StateFromProto(const v1::SessionState& p) {
   return s;
 }
 
-void TransferLog::Add(const std::string& transfer_id, SessionId id) {
+uint64_t TransferLog::Begin(const std::string& transfer_id) {
   absl::MutexLock lock(&mu_);
-  if (!ids_.emplace(transfer_id, id).second) return;
-  order_.push_back(transfer_id);
-  while (order_.size() > capacity_) {
-    ids_.erase(order_.front());
-    order_.pop_front();
+  Receiving& r = receiving_[transfer_id];
+  ++r.count;
+  return r.fence;
+}
+
+void TransferLog::End(const std::string& transfer_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = receiving_.find(transfer_id);
+  if (it != receiving_.end() && --it->second.count <= 0) receiving_.erase(it);
+}
+
+absl::StatusOr<SessionId> TransferLog::Commit(
+    const std::string& transfer_id, uint64_t fence, const std::string& tenant,
+    const std::function<absl::StatusOr<SessionId>()>& commit) {
+  absl::MutexLock lock(&mu_);
+  auto it = receiving_.find(transfer_id);
+  if (it != receiving_.end() && it->second.fence != fence) {
+    return absl::AbortedError(
+        absl::StrCat("transfer ", transfer_id,
+                     " was aborted: its source asked about it and was told "
+                     "it did not commit"));
   }
+  absl::StatusOr<SessionId> id = commit();
+  if (!id.ok()) return id;
+  if (ids_.emplace(transfer_id, Committed{*id, tenant}).second) {
+    order_.push_back(transfer_id);
+    while (order_.size() > capacity_) {
+      ids_.erase(order_.front());
+      order_.pop_front();
+    }
+  }
+  return id;
+}
+
+absl::StatusOr<bool> TransferLog::Resolve(const std::string& transfer_id,
+                                          const std::string& tenant) {
+  absl::MutexLock lock(&mu_);
+  auto it = ids_.find(transfer_id);
+  if (it != ids_.end()) {
+    if (it->second.tenant != tenant) {
+      return absl::PermissionDeniedError(
+          "the transfer belongs to another tenant than the target token's");
+    }
+    return true;
+  }
+  auto r = receiving_.find(transfer_id);
+  if (r != receiving_.end()) ++r->second.fence;
+  return false;
 }
 
 bool TransferLog::Contains(const std::string& transfer_id) const {

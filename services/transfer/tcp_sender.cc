@@ -33,6 +33,7 @@ class TcpSender final : public PageSender {
   absl::Status Finish() override {
     return verdict_.has_value() ? *verdict_ : stream_.AwaitVerdict();
   }
+  void Abort() override { socket_.Shutdown(); }
 
  private:
   DataSocket socket_;

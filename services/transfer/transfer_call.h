@@ -82,6 +82,8 @@ class TransferCall final
     StartWrite(&write_);
     return true;
   }
+  // Cancels the call from any thread (its waits end; a no-op once done).
+  void Cancel() { ctx_.TryCancel(); }
   // Whether the stream broke or the target ended the call already.
   bool Broken() ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);

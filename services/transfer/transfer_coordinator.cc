@@ -18,31 +18,74 @@ TransferCoordinator::TransferCoordinator(CacheStore* store,
                                          TransferOptions options)
     : store_(store), options_(std::move(options)) {}
 
+namespace {
+
+// The longest wait between two questions about a commit in doubt.
+constexpr absl::Duration kMaxResolveWait = absl::Minutes(1);
+
+}  // namespace
+
 TransferCoordinator::~TransferCoordinator() {
+  Drain(absl::InfinitePast());
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
       +[](int64_t* n) { return *n == 0; }, &sending_));
 }
 
+void TransferCoordinator::Drain(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  stopping_ = true;
+  mu_.AwaitWithDeadline(absl::Condition(
+                            +[](int64_t* n) { return *n == 0; }, &sends_),
+                        deadline);
+  for (const std::shared_ptr<TransferCancel>& cancel : cancels_) {
+    cancel->Cancel(absl::UnavailableError(
+        "the store is stopping (its drain_seconds passed)"));
+  }
+}
+
 void TransferCoordinator::Send(
     OutgoingTransfer transfer,
     std::function<void(const TransferOutcome&)> done) {
+  if (transfer.cancel == nullptr) {
+    transfer.cancel = std::make_shared<TransferCancel>();
+  }
+  std::string transfer_id = transfer.transfer_id;
+  if (transfer_id.empty()) {
+    absl::BitGen rng;
+    transfer_id = absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(rng),
+                                  absl::Uniform<uint64_t>(rng));
+  }
+  bool stopping = false;
   {
     absl::MutexLock lock(&mu_);
-    ++sending_;
-  }
-  std::thread([this, transfer = std::move(transfer), done = std::move(done)] {
-    std::string transfer_id = transfer.transfer_id;
-    if (transfer_id.empty()) {
-      absl::BitGen rng;
-      transfer_id = absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(rng),
-                                    absl::Uniform<uint64_t>(rng));
+    stopping = stopping_;
+    if (!stopping) {
+      ++sending_;
+      ++sends_;
+      cancels_.insert(transfer.cancel);
     }
+  }
+  if (stopping) {
+    TransferOutcome refused;
+    refused.transfer_id = transfer_id;
+    refused.status = absl::UnavailableError("the store is stopping");
+    done(refused);
+    return;
+  }
+  std::thread([this, transfer = std::move(transfer), transfer_id,
+               done = std::move(done)] {
     const absl::Time start = absl::Now();
     TransferOutcome outcome = Run(transfer, transfer_id);
     outcome.transfer_id = transfer_id;
     outcome.duration = absl::Now() - start;
+    {
+      absl::MutexLock lock(&mu_);
+      --sends_;
+      cancels_.erase(transfer.cancel);
+    }
     done(outcome);
+    if (outcome.doubt > 0) Resolve(transfer, transfer_id, outcome.doubt);
     absl::MutexLock lock(&mu_);
     --sending_;
   }).detach();
@@ -141,18 +184,14 @@ TransferOutcome TransferCoordinator::Run(const OutgoingTransfer& transfer,
     return outcome;
   }
   const SessionId id = transfer.id;
-  SendOptions options;
-  options.target = transfer.target;
-  options.target_token = transfer.target_token;
-  options.peer_token = options_.peer_token;
-  options.credentials = options_.peer_credentials;
-  options.transfer_id = transfer_id;
-  options.deadline = transfer.deadline;
-  options.max_message_bytes = options_.max_message_bytes;
-  options.chunk_bytes =
-      std::min<int64_t>(4 << 20, options_.max_message_bytes / 2);
+  store_->NoteTransfer(id, absl::StrCat("transfer ", transfer_id))
+      .IgnoreError();
+  SendOptions options = SendOptionsFor(transfer, transfer_id);
+  // The time limit, when the caller's deadline is later (or none).
+  const absl::Time limit = absl::Now() + options_.time_limit;
+  options.deadline = std::min(transfer.deadline, limit);
+  options.cancel = transfer.cancel.get();
   options.token_bytes = pool->page_layout.token_bytes();
-  options.wrap = options_.wrap_sender;
   // The session is frozen: its block tables hold still while it moves.
   std::vector<std::optional<BlockTable>> tables(snapshot->layers.size());
   auto pages_of =
@@ -168,7 +207,7 @@ TransferOutcome TransferCoordinator::Run(const OutgoingTransfer& transfer,
     options.nccl_offer = *offer;
     options.nccl_connect = [&] {
       return nccl_.Connect(transfer.target, **offer,
-                           pool->memory->device().ordinal, transfer.deadline);
+                           pool->memory->device().ordinal, options.deadline);
     };
     options.nccl_move = [&](NcclChannel& channel, int32_t layer, int64_t first,
                             int64_t n) -> absl::Status {
@@ -195,7 +234,14 @@ TransferOutcome TransferCoordinator::Run(const OutgoingTransfer& transfer,
     return store_->ReadSlots(id, layer, first, n, keys, values);
   };
   const absl::Time start = absl::Now();
-  const SendResult sent = SendSession(*snapshot, source, options);
+  SendResult sent = SendSession(*snapshot, source, options);
+  if (sent.status.code() == absl::StatusCode::kDeadlineExceeded &&
+      limit < transfer.deadline) {
+    sent.status = absl::DeadlineExceededError(
+        absl::StrCat("the transfer's time limit (transfer_timeout_seconds: ",
+                     absl::ToDoubleSeconds(options_.time_limit), ") passed (",
+                     sent.status.message(), ")"));
+  }
   // An offer the target did not take: a reused link it named is dropped.
   if (offer->has_value() && sent.transport != Transport::kNccl) {
     nccl_.Withdraw(**offer);
@@ -207,13 +253,31 @@ TransferOutcome TransferCoordinator::Run(const OutgoingTransfer& transfer,
   }
   outcome.transport = sent.transport;
   outcome.bytes = sent.bytes;
-  outcome.status = Settle(id, transfer_id, sent);
+  outcome.status = Settle(id, transfer_id, sent, &outcome.doubt);
   return outcome;
+}
+
+SendOptions TransferCoordinator::SendOptionsFor(
+    const OutgoingTransfer& transfer, const std::string& transfer_id) const {
+  SendOptions options;
+  options.target = transfer.target;
+  options.target_token = transfer.target_token;
+  options.peer_token = options_.peer_token;
+  options.credentials = options_.peer_credentials;
+  options.transfer_id = transfer_id;
+  options.deadline = transfer.deadline;
+  options.keepalive = options_.keepalive;
+  options.max_message_bytes = options_.max_message_bytes;
+  options.chunk_bytes =
+      std::min<int64_t>(4 << 20, options_.max_message_bytes / 2);
+  options.wrap = options_.wrap_sender;
+  return options;
 }
 
 absl::Status TransferCoordinator::Settle(SessionId id,
                                          const std::string& transfer_id,
-                                         const SendResult& sent) {
+                                         const SendResult& sent,
+                                         int64_t* doubt) {
   absl::MutexLock lock(&mu_);
   if (sent.status.ok()) {
     outgoing_.erase(id);
@@ -228,13 +292,70 @@ absl::Status TransferCoordinator::Settle(SessionId id,
         sent.status.code(),
         absl::StrCat(SessionLabel(id), " stays here: ", sent.status.message()));
   }
-  outgoing_[id].running = false;
-  return absl::UnavailableError(
-      absl::StrCat(SessionLabel(id), ": the answer to the commit was lost (",
-                   sent.status.message(),
-                   "); the session stays frozen here until "
-                   "TransferSession is retried with transfer_id ",
-                   transfer_id));
+  Outgoing& out = outgoing_[id];
+  out.running = false;
+  *doubt = ++out.doubt;
+  store_
+      ->NoteTransfer(id, absl::StrCat("transfer ", transfer_id,
+                                      ": its commit is in doubt; this store "
+                                      "is asking the target"))
+      .IgnoreError();
+  return absl::UnavailableError(absl::StrCat(
+      SessionLabel(id), ": the answer to the commit was lost (",
+      sent.status.message(),
+      "); the session stays frozen here while this store asks the target "
+      "whether it committed transfer ",
+      transfer_id,
+      " (then it is closed here, or serves here again), or until "
+      "TransferSession is retried with that transfer_id"));
+}
+
+bool TransferCoordinator::InDoubt(SessionId id, const std::string& transfer_id,
+                                  int64_t doubt) const {
+  auto it = outgoing_.find(id);
+  return it != outgoing_.end() && !it->second.running &&
+         it->second.transfer_id == transfer_id && it->second.doubt == doubt;
+}
+
+void TransferCoordinator::Resolve(const OutgoingTransfer& transfer,
+                                  const std::string& transfer_id,
+                                  int64_t doubt) {
+  const SessionId id = transfer.id;
+  absl::Duration wait = options_.resolve_wait;
+  for (int attempt = 0; attempt < options_.resolve_attempts; ++attempt) {
+    auto cancel = std::make_shared<TransferCancel>();
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&stopping_), wait);
+      if (stopping_ || !InDoubt(id, transfer_id, doubt)) return;
+      cancels_.insert(cancel);
+    }
+    wait = std::min(2 * wait, kMaxResolveWait);
+    SendOptions ask = SendOptionsFor(transfer, transfer_id);
+    // Long enough for keepalive to notice a frozen target.
+    ask.deadline =
+        absl::Now() + std::max(absl::Seconds(2), 2 * options_.keepalive);
+    ask.cancel = cancel.get();
+    const absl::StatusOr<bool> committed = AskCommitted(ask);
+    absl::MutexLock lock(&mu_);
+    cancels_.erase(cancel);
+    if (!committed.ok()) continue;
+    if (!InDoubt(id, transfer_id, doubt)) return;
+    // The target said: closed here (it holds the session), or serving here
+    // again (it never will).
+    outgoing_.erase(id);
+    store_->FinishTransfer(id, *committed).IgnoreError();
+    if (options_.on_resolved) options_.on_resolved(id, transfer_id, *committed);
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  if (!InDoubt(id, transfer_id, doubt)) return;
+  store_
+      ->NoteTransfer(id, absl::StrCat("transfer ", transfer_id,
+                                      ": its commit is in doubt and the "
+                                      "target could not be asked; retry "
+                                      "TransferSession with that transfer_id"))
+      .IgnoreError();
 }
 
 }  // namespace kvkeep

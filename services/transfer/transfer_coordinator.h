@@ -2,11 +2,15 @@
 // it owns the transfers this store sends: it picks the transports to offer
 // (the caller's Transport; NCCL when both pools can use it, the target's
 // data socket, chunk messages), freezes the session, runs SendSession on a
-// thread of its own, and finishes the store's side (closes the session once
-// the target committed; thaws it when nothing was committed; keeps it
-// frozen when the commit is in doubt, until a retry with the same transfer
-// id settles it). Incoming, it makes the ReceiveSession reactors, and keeps
-// the log of commits and the NCCL links.
+// thread of its own within a time limit (the caller's deadline, at most
+// TransferOptions::time_limit), and finishes the store's side (closes the
+// session once the target committed; thaws it when nothing was committed).
+// A send that its caller cancels, or the drain, stops before the commit and
+// thaws the session. When the commit is in doubt the session stays frozen
+// while the same thread asks the target (AskCommitted) whether it
+// committed, with growing waits, until it can tell; a caller's retry with
+// the same transfer id settles it too. Incoming, it makes the
+// ReceiveSession reactors, and keeps the log of commits and the NCCL links.
 //
 // The service (KvKeepService) authenticates and authorizes calls, parses
 // the request and maps statuses; the rest is here.
@@ -22,6 +26,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -33,6 +38,7 @@
 #include "services/transfer/session_sender.h"
 #include "services/transfer/session_state.h"
 #include "services/transfer/tcp_transport.h"
+#include "services/transfer/transfer_cancel.h"
 #include "services/transfer/transport.h"
 
 namespace kvkeep {
@@ -56,6 +62,17 @@ struct TransferOptions {
   // Whether outgoing transfers may send pages over a target's plaintext
   // data socket (false on a store with TLS: they go on the stream).
   bool plaintext_data = true;
+  // How long a transfer may take when its caller gives no earlier deadline.
+  absl::Duration time_limit = absl::Minutes(5);
+  // HTTP/2 keepalive to targets (SendOptions::keepalive); zero: none.
+  absl::Duration keepalive = absl::Seconds(10);
+  // A commit in doubt: how many times the target is asked, the wait before
+  // the first question (it doubles, up to a minute, between the others).
+  int resolve_attempts = 12;
+  absl::Duration resolve_wait = absl::Seconds(1);
+  // Told how each commit in doubt was resolved (a log line); may be empty.
+  std::function<void(SessionId, const std::string& transfer_id, bool committed)>
+      on_resolved;
 };
 
 // One TransferSession, as the service parsed it.
@@ -66,11 +83,14 @@ struct OutgoingTransfer {
   std::string transfer_id;   // empty: one is made
   Transport transport = Transport::kAuto;
   absl::Time deadline = absl::InfiniteFuture();
+  // The caller's cancel (may be null).
+  std::shared_ptr<TransferCancel> cancel;
 };
 
 struct TransferOutcome {
   absl::Status status;  // the session's id and fate in its message
   std::string transfer_id;
+  int64_t doubt = 0;  // > 0: the commit is in doubt (Resolve's)
   Transport transport = Transport::kHost;
   int64_t bytes = 0;
   absl::Duration duration;
@@ -93,6 +113,10 @@ class TransferCoordinator {
   // authenticating the caller gave).
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Receive(
       grpc::CallbackServerContext* ctx, absl::StatusOr<std::string> tenant);
+  // The drain: waits until no send runs or `deadline`, then cancels the
+  // sends still running (UNAVAILABLE: the store is stopping) and stops
+  // asking about commits in doubt. Sends started later are refused.
+  void Drain(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   // What a send needs to know about the session's pool.
@@ -112,9 +136,20 @@ class TransferCoordinator {
   absl::StatusOr<SessionSnapshot> Freeze(SessionId id,
                                          const std::string& transfer_id)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Phase 2 on this side, from how the send ended.
+  // Phase 2 on this side, from how the send ended (`doubt`: which doubt an
+  // in-doubt end is, for Resolve).
   absl::Status Settle(SessionId id, const std::string& transfer_id,
-                      const SendResult& sent) ABSL_LOCKS_EXCLUDED(mu_);
+                      const SendResult& sent, int64_t* doubt)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Asks the target about a commit in doubt until it says, and settles the
+  // session accordingly; gives up after resolve_attempts or on the drain.
+  void Resolve(const OutgoingTransfer& transfer, const std::string& transfer_id,
+               int64_t doubt) ABSL_LOCKS_EXCLUDED(mu_);
+  bool InDoubt(SessionId id, const std::string& transfer_id,
+               int64_t doubt) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What SendSession needs that is the same for every send to `transfer`.
+  SendOptions SendOptionsFor(const OutgoingTransfer& transfer,
+                             const std::string& transfer_id) const;
 
   CacheStore* const store_;
   const TransferOptions options_;
@@ -127,9 +162,15 @@ class TransferCoordinator {
   struct Outgoing {
     std::string transfer_id;
     bool running = false;
+    int64_t doubt = 0;  // counts the sends of it that ended in doubt
   };
   absl::flat_hash_map<SessionId, Outgoing> outgoing_ ABSL_GUARDED_BY(mu_);
   int64_t sending_ ABSL_GUARDED_BY(mu_) = 0;  // threads running
+  int64_t sends_ ABSL_GUARDED_BY(mu_) = 0;    // of them, sending (not asking)
+  // The cancels of sends and questions under way (the drain's).
+  absl::flat_hash_set<std::shared_ptr<TransferCancel>> cancels_
+      ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // the drain began
 };
 
 }  // namespace kvkeep

@@ -4,7 +4,12 @@
 // the same bytes and evicts exactly what its twin (an identical session
 // left on the source) evicts over the next steps. A target killed with
 // SIGKILL in the middle of a transfer, and a corrupted chunk, leave the
-// session on the source, serving; a retry to a live target succeeds.
+// session on the source, serving; a retry to a live target succeeds. No
+// session stays frozen without a way out: a target frozen with SIGSTOP is
+// noticed (the time limit, HTTP/2 keepalive), the caller's cancel aborts a
+// transfer that has not committed, a commit in doubt is resolved by the
+// source asking the target, and the drain on SIGTERM ends on time and tells
+// the caller how the transfer ended.
 //
 // Waits have a generous limit only so that a hang fails the test; no test
 // measures time.
@@ -22,9 +27,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
+#include "kvkeep/v1/kvkeep.grpc.pb.h"
 #include "services/client/kvkeep_client.h"
 #include "services/workers/session_driver.h"
 #include "tests/testing/child_process.h"
@@ -112,6 +120,21 @@ absl::StatusOr<v1::TransferSessionResponse> Move(
   request.set_target(to.address);
   request.set_transport(transport);
   return from.client->TransferSession(request);
+}
+
+// Waits until `d`'s pool holds no page (a target frees what a transfer
+// staged when its stream ends, which may be just after the sender's
+// answer); the pages still used.
+int64_t AwaitNoPagesUsed(const Daemon& d) {
+  int64_t used = -1;
+  for (const absl::Time until = absl::Now() + kPatience;
+       used != 0 && absl::Now() < until;
+       absl::SleepFor(absl::Milliseconds(10))) {
+    absl::StatusOr<v1::ServerInfo> info = d.client->GetServerInfo();
+    if (!info.ok()) continue;
+    used = info->pools(0).used_pages();
+  }
+  return used;
 }
 
 // Every layer's positions and bytes, as ReadKv gives them.
@@ -317,15 +340,7 @@ TEST_P(CorruptChunkTest, ACorruptChunkIsRefusedAndNothingLeaks) {
       << moved.status();
   // The target frees its reservation, perhaps just after the sender has its
   // answer (a data-socket receive is cleaned up off gRPC's threads).
-  int64_t used = -1;
-  for (const absl::Time until = absl::Now() + kPatience;
-       used != 0 && absl::Now() < until;
-       absl::SleepFor(absl::Milliseconds(10))) {
-    absl::StatusOr<v1::ServerInfo> info = b.client->GetServerInfo();
-    ASSERT_TRUE(info.ok());
-    used = info->pools(0).used_pages();
-  }
-  EXPECT_EQ(used, 0);
+  EXPECT_EQ(AwaitNoPagesUsed(b), 0);
   EXPECT_TRUE(a.client->GetSessionStats(s->id()).ok());
   ASSERT_TRUE(DecodeWithQueries(*s, 3, 1000, rng).ok());
 
@@ -355,6 +370,239 @@ TEST_P(CorruptChunkTest, ACorruptChunkIsRefusedAndNothingLeaks) {
 INSTANTIATE_TEST_SUITE_P(Transports, CorruptChunkTest,
                          ::testing::Values("tcp", "host"),
                          [](const auto& info) { return info.param; });
+
+// A TransferSession call on its own thread, with no deadline (unless one is
+// given) and a context the test may cancel; what came back, trailing
+// metadata included.
+class PendingTransfer {
+ public:
+  PendingTransfer(const Daemon& from, const std::string& id, const Daemon& to,
+                  const std::string& transport)
+      : stub_(v1::KvKeep::NewStub(grpc::CreateChannel(
+            from.address, grpc::InsecureChannelCredentials()))) {
+    request_.set_session_id(id);
+    request_.set_target(to.address);
+    request_.set_transport(transport);
+    thread_ = std::thread([this] {
+      status_ = stub_->TransferSession(&ctx_, request_, &response_);
+      done_.Notify();
+    });
+  }
+  ~PendingTransfer() { thread_.join(); }
+
+  void Cancel() { ctx_.TryCancel(); }
+  // Whether the call ended within the test's patience.
+  bool Ended() { return done_.WaitForNotificationWithTimeout(kPatience); }
+  const grpc::Status& status() const { return status_; }
+  // The transfer id, as the trailing metadata names it.
+  std::string TransferId() const {
+    const auto& trailers = ctx_.GetServerTrailingMetadata();
+    auto it = trailers.find("kvkeep-transfer-id");
+    return it == trailers.end()
+               ? ""
+               : std::string(it->second.data(), it->second.size());
+  }
+
+ private:
+  std::unique_ptr<v1::KvKeep::Stub> stub_;
+  grpc::ClientContext ctx_;
+  v1::TransferSessionRequest request_;
+  v1::TransferSessionResponse response_;
+  grpc::Status status_;
+  absl::Notification done_;
+  std::thread thread_;
+};
+
+// Whether process `pid` is stopped (SIGSTOP), as /proc says.
+bool IsStopped(pid_t pid) {
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string text((std::istreambuf_iterator<char>(stat)),
+                   std::istreambuf_iterator<char>());
+  const size_t paren = text.rfind(')');
+  return paren != std::string::npos && paren + 2 < text.size() &&
+         text[paren + 2] == 'T';
+}
+
+void AwaitStopped(pid_t pid) {
+  const absl::Time until = absl::Now() + kPatience;
+  while (!IsStopped(pid) && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_TRUE(IsStopped(pid));
+}
+
+// A source whose kvkeepd_testing hook freezes `target` (SIGSTOP) before
+// the first chunk goes (over tcp: after the data socket connected), with
+// `extra` flags.
+Daemon StartFreezing(const Daemon& target, std::vector<std::string> extra) {
+  extra.push_back(absl::StrCat("--test_stop_pid=", target.child->pid()));
+  extra.push_back("--test_stop_at_chunk=0");
+  return Start(std::move(extra));
+}
+
+// A session of 300 tokens on `d` (one chunk per layer).
+absl::StatusOr<client::Session> FilledSession(const Daemon& d,
+                                              std::mt19937& rng) {
+  absl::StatusOr<client::Session> s = OpenSession(*d.client, "m", "h2o", 400);
+  if (!s.ok()) return s;
+  if (absl::Status st = DecodeWithQueries(*s, 300, 0, rng); !st.ok()) return st;
+  return s;
+}
+
+// Finding 7: the caller gives no deadline and the target freezes while the
+// sender waits for its verdict on the data socket (before the commit). The
+// transfer's time limit ends it; the session serves here again.
+TEST(TransferLivenessTest, ATransferWithoutADeadlineEndsAtItsTimeLimit) {
+  Daemon b = Start();
+  Daemon a = StartFreezing(
+      b, {"--transfer_timeout_seconds=2", "--peer_keepalive_seconds=0"});
+  ASSERT_TRUE(a.client && b.client);
+  std::mt19937 rng(11);
+  absl::StatusOr<client::Session> s = FilledSession(a, rng);
+  ASSERT_TRUE(s.ok()) << s.status();
+  {
+    PendingTransfer moved(a, s->id(), b, "tcp");
+    const bool ended = moved.Ended();
+    if (!ended) b.child->Signal(SIGKILL);  // lets the call end, failed
+    ASSERT_TRUE(ended) << "the transfer never ended";
+    EXPECT_EQ(moved.status().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+        << moved.status().error_message();
+    EXPECT_THAT(moved.status().error_message(),
+                ::testing::HasSubstr("transfer_timeout_seconds"));
+    ASSERT_FALSE(moved.TransferId().empty());
+    EXPECT_THAT(moved.status().error_message(),
+                ::testing::HasSubstr(moved.TransferId()));
+  }
+  ASSERT_TRUE(DecodeWithQueries(*s, 3, 1000, rng).ok());
+  b.child->Signal(SIGCONT);
+  EXPECT_EQ(AwaitNoPagesUsed(b), 0);
+  EXPECT_EQ(b.client->GetSessionStats(s->id()).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+// Finding 7: the caller cancels a transfer to a frozen target (no deadline,
+// no keepalive, a long time limit): the transfer stops, the session serves
+// here again, and the target frees what it staged once it runs again.
+TEST(TransferLivenessTest, TheCallersCancelAbortsATransferNotCommitted) {
+  Daemon b = Start();
+  Daemon a = StartFreezing(b, {"--peer_keepalive_seconds=0"});
+  ASSERT_TRUE(a.client && b.client);
+  std::mt19937 rng(12);
+  absl::StatusOr<client::Session> s = FilledSession(a, rng);
+  ASSERT_TRUE(s.ok()) << s.status();
+  {
+    PendingTransfer moved(a, s->id(), b, "tcp");
+    AwaitStopped(b.child->pid());
+    moved.Cancel();
+    ASSERT_TRUE(moved.Ended());
+    EXPECT_EQ(moved.status().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  // The source hears the cancel and thaws the session.
+  absl::Status served = absl::UnavailableError("not tried");
+  for (const absl::Time until = absl::Now() + kPatience;
+       served.code() == absl::StatusCode::kUnavailable && absl::Now() < until;
+       absl::SleepFor(absl::Milliseconds(20))) {
+    served = DecodeWithQueries(*s, 1, 1000, rng);
+  }
+  EXPECT_TRUE(served.ok()) << served;
+  b.child->Signal(SIGCONT);
+  EXPECT_EQ(AwaitNoPagesUsed(b), 0);
+  EXPECT_EQ(b.client->GetSessionStats(s->id()).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+// Findings 6 and 7: the target freezes with the chunks and the commit in
+// its socket (chunk messages), and the caller gives no deadline. HTTP/2
+// keepalive notices; the commit is in doubt, the caller is told so with the
+// transfer id the store made, and so are calls on the frozen session. Once
+// the target runs again, the source asks it and settles the session: closed
+// here and served there, or served here and not there.
+TEST(TransferLivenessTest, ACommitInDoubtIsResolvedByTheSource) {
+  Daemon b = Start();
+  Daemon a = StartFreezing(
+      b, {"--peer_keepalive_seconds=1", "--transfer_resolve_seconds=0.5"});
+  ASSERT_TRUE(a.client && b.client);
+  std::mt19937 rng(13);
+  absl::StatusOr<client::Session> s = FilledSession(a, rng);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const std::vector<client::LayerKvData> before = Contents(*a.client, s->id());
+  std::string transfer_id;
+  {
+    PendingTransfer moved(a, s->id(), b, "host");
+    const bool ended = moved.Ended();
+    if (!ended) b.child->Signal(SIGKILL);
+    ASSERT_TRUE(ended) << "the transfer never ended";
+    EXPECT_EQ(moved.status().error_code(), grpc::StatusCode::UNAVAILABLE)
+        << moved.status().error_message();
+    transfer_id = moved.TransferId();
+    ASSERT_EQ(transfer_id.size(), 32u);
+    EXPECT_THAT(moved.status().error_message(),
+                ::testing::AllOf(::testing::HasSubstr(transfer_id),
+                                 ::testing::HasSubstr("asks the target")));
+  }
+  // While the target is frozen, the session says which transfer holds it.
+  const absl::Status frozen = DecodeWithQueries(*s, 1, 1000, rng);
+  EXPECT_EQ(frozen.code(), absl::StatusCode::kUnavailable) << frozen;
+  EXPECT_THAT(frozen.message(), ::testing::HasSubstr(transfer_id));
+  const absl::Status close = a.client->CloseSession(s->id()).status();
+  EXPECT_EQ(close.code(), absl::StatusCode::kUnavailable) << close;
+  EXPECT_THAT(close.message(), ::testing::HasSubstr("in doubt"));
+
+  b.child->Signal(SIGCONT);
+  absl::Status probe = absl::UnavailableError("not tried");
+  for (const absl::Time until = absl::Now() + kPatience;
+       probe.code() == absl::StatusCode::kUnavailable && absl::Now() < until;
+       absl::SleepFor(absl::Milliseconds(50))) {
+    probe = a.client->GetSessionStats(s->id()).status();
+    if (probe.ok()) probe = DecodeWithQueries(*s, 1, 1000, rng);
+  }
+  if (probe.ok()) {  // not committed: served here, nothing there
+    EXPECT_EQ(b.client->GetSessionStats(s->id()).status().code(),
+              absl::StatusCode::kNotFound);
+    EXPECT_EQ(AwaitNoPagesUsed(b), 0);
+  } else {  // committed: closed here, served there, unchanged
+    EXPECT_EQ(probe.code(), absl::StatusCode::kNotFound) << probe;
+    const std::vector<client::LayerKvData> after = Contents(*b.client, s->id());
+    ASSERT_EQ(after.size(), before.size());
+    for (size_t l = 0; l < after.size(); ++l) {
+      EXPECT_EQ(after[l].positions, before[l].positions);
+      EXPECT_TRUE(after[l].keys == before[l].keys);
+    }
+  }
+}
+
+// Finding 10: SIGTERM while a slow transfer is sending (it would commit
+// after the drain's grace). The drain cancels it before its commit, the
+// source exits, and what the caller is told is what happened: an error
+// only if the target does not hold the session.
+TEST(TransferLivenessTest, TheDrainEndsATransferAndTellsItsTrueOutcome) {
+  Daemon a =
+      Start({"--test_transfer_chunk_delay_ms=1200", "--drain_seconds=2"});
+  Daemon b = Start();
+  ASSERT_TRUE(a.client && b.client);
+  std::mt19937 rng(14);
+  absl::StatusOr<client::Session> s = FilledSession(a, rng);
+  ASSERT_TRUE(s.ok()) << s.status();
+  grpc::Status told;
+  {
+    PendingTransfer moved(a, s->id(), b, "host");
+    absl::SleepFor(absl::Milliseconds(200));  // the transfer has begun
+    a.child->Signal(SIGTERM);
+    ASSERT_TRUE(moved.Ended());
+    told = moved.status();
+  }
+  const absl::StatusOr<int> exit = a.child->Wait(kPatience);
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(*exit, 0);
+  // The target holds the session exactly when the caller was told OK.
+  absl::StatusOr<v1::SessionStats> there = b.client->GetSessionStats(s->id());
+  EXPECT_EQ(there.ok(), told.ok())
+      << "told " << told.error_code() << " " << told.error_message()
+      << "; the target: " << there.status();
+  if (!told.ok()) {
+    EXPECT_EQ(AwaitNoPagesUsed(b), 0);
+  }
+}
 
 }  // namespace
 }  // namespace kvkeep

@@ -17,6 +17,7 @@ class FaultyPageSender final : public PageSender {
   bool needs_bytes() const override { return inner_->needs_bytes(); }
   absl::Status Finish() override { return inner_->Finish(); }
   void Done(bool committed) override { inner_->Done(committed); }
+  void Abort() override { inner_->Abort(); }
 
   absl::Status Send(const Chunk& chunk) override {
     const ChunkFault fault = hook_(index_++);

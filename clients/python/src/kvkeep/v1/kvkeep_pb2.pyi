@@ -519,20 +519,22 @@ class TransferChunk(_message.Message):
     def __init__(self, layer: _Optional[int] = ..., first_slot: _Optional[int] = ..., keys: _Optional[bytes] = ..., values: _Optional[bytes] = ..., crc32c: _Optional[int] = ...) -> None: ...
 
 class TransferMessage(_message.Message):
-    __slots__ = ("transfer_id", "header", "chunk", "commit", "nccl", "tcp")
+    __slots__ = ("transfer_id", "header", "chunk", "commit", "resolve", "nccl", "tcp")
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     HEADER_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     COMMIT_FIELD_NUMBER: _ClassVar[int]
+    RESOLVE_FIELD_NUMBER: _ClassVar[int]
     NCCL_FIELD_NUMBER: _ClassVar[int]
     TCP_FIELD_NUMBER: _ClassVar[int]
     transfer_id: str
     header: SessionState
     chunk: TransferChunk
     commit: bool
+    resolve: bool
     nccl: NcclOffer
     tcp: TcpOffer
-    def __init__(self, transfer_id: _Optional[str] = ..., header: _Optional[_Union[SessionState, _Mapping]] = ..., chunk: _Optional[_Union[TransferChunk, _Mapping]] = ..., commit: _Optional[bool] = ..., nccl: _Optional[_Union[NcclOffer, _Mapping]] = ..., tcp: _Optional[_Union[TcpOffer, _Mapping]] = ...) -> None: ...
+    def __init__(self, transfer_id: _Optional[str] = ..., header: _Optional[_Union[SessionState, _Mapping]] = ..., chunk: _Optional[_Union[TransferChunk, _Mapping]] = ..., commit: _Optional[bool] = ..., resolve: _Optional[bool] = ..., nccl: _Optional[_Union[NcclOffer, _Mapping]] = ..., tcp: _Optional[_Union[TcpOffer, _Mapping]] = ...) -> None: ...
 
 class TcpOffer(_message.Message):
     __slots__ = ("required",)
@@ -559,9 +561,11 @@ class TransferReply(_message.Message):
         PHASE_UNSPECIFIED: _ClassVar[TransferReply.Phase]
         READY: _ClassVar[TransferReply.Phase]
         COMMITTED: _ClassVar[TransferReply.Phase]
+        ABORTED: _ClassVar[TransferReply.Phase]
     PHASE_UNSPECIFIED: TransferReply.Phase
     READY: TransferReply.Phase
     COMMITTED: TransferReply.Phase
+    ABORTED: TransferReply.Phase
     PHASE_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     DATA_PORT_FIELD_NUMBER: _ClassVar[int]

@@ -206,9 +206,16 @@ class KvKeepServicer:
         details. If anything fails before the commit (target unreachable or
         full, a chunk corrupted, the deadline) the session stays here, unchanged
         and serving, and the target holds nothing. If the commit's answer is
-        lost the session stays frozen here: retry with the same transfer_id to
-        finish (the target never makes a second copy of one transfer). The
-        session keeps its id.
+        lost (the commit is in doubt) the session stays frozen here while this
+        store asks the target (ReceiveSession's resolve) whether it committed,
+        until it can reach it: then the session is closed here (committed) or
+        thaws (not); meanwhile calls that would change it get UNAVAILABLE
+        naming the transfer id, and a retry with the same transfer_id settles
+        it too (the target never makes a second copy of one transfer). A
+        transfer has a time limit (transfer_timeout_seconds) when the caller
+        gives no deadline; a caller's cancel or deadline aborts one that has not
+        committed. Errors name the transfer id, also in the trailing metadata
+        kvkeep-transfer-id (docs/transfer.md). The session keeps its id.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

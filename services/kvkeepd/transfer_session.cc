@@ -1,0 +1,114 @@
+// KvKeepService::TransferSession: parses the call, hands the transfer to
+// the TransferCoordinator, passes the caller's cancel on, and answers with
+// the outcome, naming the transfer id (docs/transfer.md).
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "cache_store/quote.h"
+#include "services/kvkeepd/kvkeep_service.h"
+#include "services/transfer/transfer_cancel.h"
+
+namespace kvkeep {
+
+namespace {
+
+// Bytes a caller's transfer_id may have, at most.
+constexpr size_t kMaxTransferIdBytes = 128;
+
+absl::Status CheckTransferId(absl::string_view id) {
+  const bool printable = std::all_of(
+      id.begin(), id.end(), [](char c) { return c > ' ' && c < 0x7f; });
+  if (id.size() > kMaxTransferIdBytes || !printable) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transfer_id ", Quote(id), " must be at most ", kMaxTransferIdBytes,
+        " printable ASCII characters without spaces"));
+  }
+  return absl::OkStatus();
+}
+
+// One TransferSession call: the caller's cancel (or deadline) cancels the
+// transfer (TransferCoordinator: unless it committed already).
+class TransferReactor final : public grpc::ServerUnaryReactor {
+ public:
+  TransferReactor() : cancel_(std::make_shared<TransferCancel>()) {}
+  const std::shared_ptr<TransferCancel>& cancel() const { return cancel_; }
+  void OnCancel() override {
+    cancel_->Cancel(
+        absl::CancelledError("the caller cancelled TransferSession (or its "
+                             "deadline passed)"));
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  const std::shared_ptr<TransferCancel> cancel_;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* KvKeepService::TransferSession(
+    grpc::CallbackServerContext* ctx, const v1::TransferSessionRequest* req,
+    v1::TransferSessionResponse* resp) {
+  auto* reactor = new TransferReactor;
+  absl::StatusOr<SessionId> id = CallerSession(*ctx, req->session_id());
+  if (!id.ok()) {
+    reactor->Finish(Finish("TransferSession", id.status()));
+    return reactor;
+  }
+  if (req->target().empty()) {
+    reactor->Finish(Finish("TransferSession",
+                           absl::InvalidArgumentError(
+                               "TransferSession needs a target host:port")));
+    return reactor;
+  }
+  absl::StatusOr<Transport> transport = ParseTransport(req->transport());
+  if (!transport.ok()) {
+    reactor->Finish(Finish("TransferSession", transport.status()));
+    return reactor;
+  }
+  // It is named in messages and in trailing metadata: short, printable.
+  if (absl::Status s = CheckTransferId(req->transfer_id()); !s.ok()) {
+    reactor->Finish(Finish("TransferSession", s));
+    return reactor;
+  }
+  OutgoingTransfer transfer;
+  transfer.id = *id;
+  transfer.target = req->target();
+  transfer.target_token = req->target_token();
+  transfer.transfer_id = req->transfer_id();
+  transfer.transport = *transport;
+  transfer.deadline = absl::FromChrono(ctx->deadline());
+  transfer.cancel = reactor->cancel();
+  const std::string target = req->target();
+  transfers_.Send(std::move(transfer), [this, ctx, id = *id, target, reactor,
+                                        resp](const TransferOutcome& outcome) {
+    // The transfer id, also when this store made it and the transfer failed.
+    ctx->AddTrailingMetadata(kTransferIdMetadata, outcome.transfer_id);
+    if (!outcome.status.ok()) {
+      absl::Status status = outcome.status;
+      if (!absl::StrContains(status.message(), outcome.transfer_id)) {
+        status = absl::Status(
+            status.code(), absl::StrCat("transfer ", outcome.transfer_id, ": ",
+                                        status.message()));
+      }
+      reactor->Finish(Finish("TransferSession", status));
+      return;
+    }
+    resp->set_session_id(SessionName(id));
+    resp->set_transfer_id(outcome.transfer_id);
+    resp->set_transport(std::string(TransportName(outcome.transport)));
+    resp->set_bytes(outcome.bytes);
+    resp->set_seconds(absl::ToDoubleSeconds(outcome.duration));
+    LogEvent("transfer", absl::StrCat("session=", SessionName(id), " target=",
+                                      target, " transfer=", outcome.transfer_id,
+                                      " bytes=", outcome.bytes));
+    reactor->Finish(grpc::Status::OK);
+  });
+  return reactor;
+}
+
+}  // namespace kvkeep
