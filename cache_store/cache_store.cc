@@ -483,6 +483,13 @@ absl::StatusOr<StepOutcome> CacheStore::Step(
               [&](Session& s) { return s.Step(append, scores); });
 }
 
+absl::Status CacheStore::Step(SessionId id, const AppendRequest& append,
+                              std::span<const LayerScores> scores,
+                              StepOutcome& out) {
+  return Work(id, StoreOperation::kStep,
+              [&](Session& s) { return s.Step(append, scores, out); });
+}
+
 absl::StatusOr<StepResult> CacheStore::CompressPrompt(
     SessionId id, std::span<const LayerScores> window) {
   return Work(id, StoreOperation::kCompress,

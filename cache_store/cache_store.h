@@ -191,6 +191,9 @@ class CacheStore {
                                           std::span<const LayerScores> scores);
   absl::StatusOr<StepOutcome> Step(SessionId id, const AppendRequest& append,
                                    std::span<const LayerScores> scores);
+  // The same into `out`, reusing its buffers (Session::Step).
+  absl::Status Step(SessionId id, const AppendRequest& append,
+                    std::span<const LayerScores> scores, StepOutcome& out);
   absl::StatusOr<StepResult> CompressPrompt(
       SessionId id, std::span<const LayerScores> window);
   absl::StatusOr<BlockTable> GetBlockTable(SessionId id, int32_t layer);

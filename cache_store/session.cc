@@ -259,13 +259,18 @@ int64_t Session::Excess(const Layer& layer) const {
   return layer.size() - (layer.budget - policy_->common().slack);
 }
 
-StepResult Session::EmptyResult() const {
-  StepResult result;
+void Session::ResetResult(StepResult& result) const {
   result.layers.resize(layers_.size());
   for (size_t l = 0; l < layers_.size(); ++l) {
-    result.layers[l].layer = static_cast<int32_t>(l);
+    LayerChange& change = result.layers[l];
+    change.layer = static_cast<int32_t>(l);
+    change.version = 0;
+    change.resident = 0;
+    change.evicted_positions.clear();
+    change.moves.clear();
+    change.pages_freed.clear();
+    change.pages_added.clear();
   }
-  return result;
 }
 
 absl::Status Session::DeviceCheck(absl::Status status) const {
@@ -306,8 +311,8 @@ void Session::Evict(Layer& layer, int64_t count, int64_t appended_view,
   work_.evicted_tokens += static_cast<int64_t>(victims_.size());
   ++work_.evictions;
 
-  const std::vector<SlotMove> moves =
-      PlanCompaction(victims_, old_size, evicted_flags_);
+  std::vector<SlotMove>& moves = moves_;
+  PlanCompaction(victims_, old_size, evicted_flags_, moves);
   batch_.AddMoves(layer.pages, moves);
   MoveSlotValues(layer.position, moves, new_size);
   MoveSlotValues(layer.arrival, moves, new_size);
@@ -368,29 +373,28 @@ absl::Status Session::ValidateAppend(const AppendRequest& request) const {
 absl::StatusOr<StepResult> Session::Append(const AppendRequest& request) {
   if (!device_error_.ok()) return device_error_;
   if (absl::Status s = ValidateAppend(request); !s.ok()) return s;
-  absl::StatusOr<StepResult> result = ApplyAppend(request);
+  StepResult result;
+  const absl::Status s = ApplyAppend(request, result);
   RunBatch();
-  return AfterDevice(std::move(result));
+  if (!device_error_.ok()) return device_error_;
+  if (!s.ok()) return s;
+  return result;
 }
 
-absl::StatusOr<StepResult> Session::ApplyAppend(const AppendRequest& request) {
+absl::Status Session::ApplyAppend(const AppendRequest& request,
+                                  StepResult& result) {
   const int64_t n = static_cast<int64_t>(request.positions.size());
   const int64_t token_bytes = page_layout_.token_bytes();
   // Plan each layer's evictions. Every eviction of an append happens before
   // the new tokens are placed, so a worker can follow one order: moves, then
   // freed pages, then added pages and the surviving new tokens.
-  struct Plan {
-    int64_t evict = 0;       // resident tokens to evict first
-    int64_t drop_begin = 0;  // new tokens [drop_begin, drop_begin + drop)
-    int64_t drop = 0;        // are evicted on arrival, never written
-    int64_t appended_view = 0;
-  };
-  std::vector<Plan> plans(layers_.size());
+  std::vector<AppendPlan>& plans = append_plans_;
+  plans.assign(layers_.size(), AppendPlan{});
   const CommonParams& common = policy_->common();
   int64_t pages_needed = 0;
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& layer = layers_[l];
-    Plan& plan = plans[l];
+    AppendPlan& plan = plans[l];
     plan.appended_view = layer.appended;
     switch (policy_->trigger()) {
       case EvictionTrigger::kOnAttention:
@@ -430,17 +434,18 @@ absl::StatusOr<StepResult> Session::ApplyAppend(const AppendRequest& request) {
                static_cast<int64_t>(layer.pages.size()));
   }
   // Pages first, all or nothing, so a full pool changes nothing.
-  std::vector<PageId> new_pages;
+  std::vector<PageId>& new_pages = new_pages_;
+  new_pages.clear();
   if (absl::Status s = AllocatePages(pages_needed, &new_pages); !s.ok()) {
     return absl::Status(s.code(), SessionMessage(id_, "append of ", n,
                                                  " tokens: ", s.message()));
   }
 
-  StepResult result = EmptyResult();
+  ResetResult(result);
   size_t next_page = 0;
   for (size_t l = 0; l < layers_.size(); ++l) {
     Layer& layer = layers_[l];
-    const Plan& plan = plans[l];
+    const AppendPlan& plan = plans[l];
     LayerChange& change = result.layers[l];
     Evict(layer, plan.evict, plan.appended_view, n - plan.drop, change);
 
@@ -485,7 +490,7 @@ absl::StatusOr<StepResult> Session::ApplyAppend(const AppendRequest& request) {
     FreePages(std::span<const PageId>(new_pages).subspan(next_page));
   }
   last_position_ = request.positions[n - 1];
-  return result;
+  return absl::OkStatus();
 }
 
 absl::Status Session::CheckLayerIndex(int32_t layer) const {
@@ -614,12 +619,12 @@ void Session::FinishAttention(std::span<const LayerScores> scores,
   }
 }
 
-StepResult Session::ApplyAttention(std::span<const LayerScores> scores,
-                                   std::span<const float* const> rows,
-                                   bool compress) {
+void Session::ApplyAttention(std::span<const LayerScores> scores,
+                             std::span<const float* const> rows, bool compress,
+                             StepResult& result) {
   // Its evictions' moves run after the append's writes of this call.
   batch_.NextStage();
-  StepResult result = EmptyResult();
+  ResetResult(result);
   for (size_t i = 0; i < scores.size(); ++i) {
     Layer& layer = layers_[scores[i].layer];
     const StepAttention step{rows[i], scores[i].rows, layer.size(),
@@ -642,15 +647,21 @@ StepResult Session::ApplyAttention(std::span<const LayerScores> scores,
   }
   if (compress) compressed_ = true;
   RunBatch();
-  return result;
 }
 
 absl::StatusOr<StepOutcome> Session::Step(const AppendRequest& append,
                                           std::span<const LayerScores> scores) {
+  StepOutcome outcome;
+  if (absl::Status s = Step(append, scores, outcome); !s.ok()) return s;
+  return outcome;
+}
+
+absl::Status Session::Step(const AppendRequest& append,
+                           std::span<const LayerScores> scores,
+                           StepOutcome& out) {
   if (append.positions.empty()) {
-    absl::StatusOr<StepResult> result = UpdateScores(scores);
-    if (!result.ok()) return result.status();
-    return StepOutcome{EmptyResult(), *std::move(result)};
+    ResetResult(out.append);
+    return ScoresInto(scores, out.scores);
   }
   if (!scores.empty() && policy_->trigger() != EvictionTrigger::kOnAttention) {
     return absl::FailedPreconditionError(
@@ -668,15 +679,21 @@ absl::StatusOr<StepOutcome> Session::Step(const AppendRequest& append,
       !s.ok()) {
     return s;
   }
-  absl::StatusOr<StepResult> appended = ApplyAppend(append);
-  if (!appended.ok()) return appended.status();
+  if (absl::Status s = ApplyAppend(append, out.append); !s.ok()) return s;
   FinishAttention(scores, scratch.row_ptrs);
-  return AfterDevice(absl::StatusOr<StepOutcome>(StepOutcome{
-      *std::move(appended), ApplyAttention(scores, scratch.row_ptrs, false)}));
+  ApplyAttention(scores, scratch.row_ptrs, /*compress=*/false, out.scores);
+  return device_error_;
 }
 
 absl::StatusOr<StepResult> Session::UpdateScores(
     std::span<const LayerScores> scores) {
+  StepResult result;
+  if (absl::Status s = ScoresInto(scores, result); !s.ok()) return s;
+  return result;
+}
+
+absl::Status Session::ScoresInto(std::span<const LayerScores> scores,
+                                 StepResult& result) {
   if (policy_->trigger() != EvictionTrigger::kOnAttention) {
     return absl::FailedPreconditionError(
         SessionMessage(id_, "policy '", policy_->name(),
@@ -690,8 +707,8 @@ absl::StatusOr<StepResult> Session::UpdateScores(
     return s;
   }
   FinishAttention(scores, scratch.row_ptrs);
-  return AfterDevice(absl::StatusOr<StepResult>(
-      ApplyAttention(scores, scratch.row_ptrs, /*compress=*/false)));
+  ApplyAttention(scores, scratch.row_ptrs, /*compress=*/false, result);
+  return device_error_;
 }
 
 absl::StatusOr<StepResult> Session::CompressPrompt(
@@ -728,8 +745,9 @@ absl::StatusOr<StepResult> Session::CompressPrompt(
     return s;
   }
   FinishAttention(window, scratch.row_ptrs);
-  return AfterDevice(absl::StatusOr<StepResult>(
-      ApplyAttention(window, scratch.row_ptrs, /*compress=*/true)));
+  StepResult result;
+  ApplyAttention(window, scratch.row_ptrs, /*compress=*/true, result);
+  return AfterDevice(absl::StatusOr<StepResult>(std::move(result)));
 }
 
 absl::StatusOr<BlockTable> Session::GetBlockTable(int32_t index) const {

@@ -85,6 +85,11 @@ class Session {
   // came) cannot take scores in a step with an append: FAILED_PRECONDITION.
   absl::StatusOr<StepOutcome> Step(const AppendRequest& append,
                                    std::span<const LayerScores> scores);
+  // The same into `out`, whose buffers are reused (a decode stream keeps one
+  // StepOutcome, so steady-state steps allocate nothing for their results).
+  // On failure `out` holds nothing of use.
+  absl::Status Step(const AppendRequest& append,
+                    std::span<const LayerScores> scores, StepOutcome& out);
 
   // snapkv only, once: compresses the prompt with the observation window's
   // attention (rows = the window: the last `window` tokens appended).
@@ -156,7 +161,10 @@ class Session {
   absl::Status ValidateAppend(const AppendRequest& request) const;
   // Appends a validated request; fails (changing nothing) only when the pool
   // cannot give the pages.
-  absl::StatusOr<StepResult> ApplyAppend(const AppendRequest& request);
+  absl::Status ApplyAppend(const AppendRequest& request, StepResult& result);
+  // UpdateScores into `result`.
+  absl::Status ScoresInto(std::span<const LayerScores> scores,
+                          StepResult& result);
   // What a layer's score input is checked against (score_input.h) when its
   // rows run over `resident` slots.
   ScoreInputShape InputShape(int64_t resident) const;
@@ -173,9 +181,11 @@ class Session {
                        std::vector<const float*>& rows);
   // Folds prepared rows into the policy's scores and evicts what is over
   // budget (down to budget - slack; to budget exactly when compressing).
-  StepResult ApplyAttention(std::span<const LayerScores> scores,
-                            std::span<const float* const> rows, bool compress);
-  StepResult EmptyResult() const;
+  void ApplyAttention(std::span<const LayerScores> scores,
+                      std::span<const float* const> rows, bool compress,
+                      StepResult& result);
+  // Makes `result` one empty change per layer, keeping its buffers.
+  void ResetResult(StepResult& result) const;
   // Runs batch_ (the call's page work recorded so far) on the pool's memory,
   // then returns pending_free_ to the pool. A device error is recorded in
   // device_error_, which the caller reports.
@@ -209,6 +219,16 @@ class Session {
   std::vector<RankedItem> select_scratch_;
   std::vector<int32_t> victims_;
   std::vector<uint8_t> evicted_flags_;
+  std::vector<SlotMove> moves_;
+  // One layer's plan in ApplyAppend.
+  struct AppendPlan {
+    int64_t evict = 0;       // resident tokens to evict first
+    int64_t drop_begin = 0;  // new tokens [drop_begin, drop_begin + drop)
+    int64_t drop = 0;        // are evicted on arrival, never written
+    int64_t appended_view = 0;
+  };
+  std::vector<AppendPlan> append_plans_;
+  std::vector<PageId> new_pages_;
 };
 
 }  // namespace kvkeep

@@ -6,10 +6,18 @@ namespace kvkeep {
 
 std::vector<SlotMove> PlanCompaction(std::span<const int32_t> victims,
                                      int64_t n, std::vector<uint8_t>& evicted) {
+  std::vector<SlotMove> moves;
+  PlanCompaction(victims, n, evicted, moves);
+  return moves;
+}
+
+void PlanCompaction(std::span<const int32_t> victims, int64_t n,
+                    std::vector<uint8_t>& evicted,
+                    std::vector<SlotMove>& moves) {
   const int64_t new_size = n - static_cast<int64_t>(victims.size());
   evicted.assign(n, 0);
   for (int32_t v : victims) evicted[v] = 1;
-  std::vector<SlotMove> moves;
+  moves.clear();
   int64_t hole = 0;
   for (int64_t src = new_size; src < n; ++src) {
     if (evicted[src]) continue;
@@ -17,7 +25,6 @@ std::vector<SlotMove> PlanCompaction(std::span<const int32_t> victims,
     moves.push_back({static_cast<int32_t>(src), static_cast<int32_t>(hole)});
     ++hole;
   }
-  return moves;
 }
 
 void MoveSlotBytes(std::byte* arena, const PageLayout& layout,

@@ -27,6 +27,10 @@ struct SlotMove {
 // `evicted` is scratch of n bytes (reused to avoid a per-step allocation).
 std::vector<SlotMove> PlanCompaction(std::span<const int32_t> victims,
                                      int64_t n, std::vector<uint8_t>& evicted);
+// The same into `moves` (cleared first, its capacity reused).
+void PlanCompaction(std::span<const int32_t> victims, int64_t n,
+                    std::vector<uint8_t>& evicted,
+                    std::vector<SlotMove>& moves);
 
 // Copies the keys and values of each move's source slot over its target slot
 // in the arena, in order. Byte-exact.

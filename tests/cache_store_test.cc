@@ -953,5 +953,76 @@ TEST(Concurrency, CloseWhileAnotherThreadAppendsIsSafe) {
   EXPECT_THAT(h.store().ListSessions(), IsEmpty());
 }
 
+// Step into one StepOutcome reused for every step (as a decode stream does)
+// gives what a fresh outcome per step gives: nothing of an earlier step's
+// evictions, moves or pages is left in the reused one. Two stores, the same
+// calls: the same page ids.
+TEST(StepIntoReusedOutcome, MatchesAFreshOutcomeEveryStep) {
+  const ModelLayout l = MakeLayout("l", 2, 4);
+  Harness fresh_store({l}), reused_store({l});
+  const std::map<std::string, std::string> params = {
+      {"sinks", "1"}, {"recent", "2"}, {"slack", "3"}};
+  absl::StatusOr<SessionId> fresh_id = fresh_store.Open("l", "h2o", params, 8);
+  absl::StatusOr<SessionId> reused_id =
+      reused_store.Open("l", "h2o", params, 8);
+  ASSERT_TRUE(fresh_id.ok() && reused_id.ok());
+  absl::StatusOr<SessionStats> stats = fresh_store.store().GetStats(*fresh_id);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  std::vector<uint64_t> version = stats->layer_version;
+  std::vector<int64_t> resident = stats->layer_resident;
+  StepOutcome reused;
+  int64_t evicted = 0;
+  for (int64_t step = 0; step < 60; ++step) {
+    // Some steps send scores only, and some append only (the step after
+    // those settles the layer over budget with scores only).
+    const bool append = step % 7 != 6 && !(step > 0 && step % 11 == 0);
+    const bool score = step % 11 != 10;
+    const AppendBuffers buffers(
+        l, append ? std::vector<int64_t>{step} : std::vector<int64_t>{});
+    std::vector<std::vector<float>> rows(2);
+    std::vector<LayerScores> scores;
+    for (int32_t layer = 0; layer < 2 && score; ++layer) {
+      const int64_t n = resident[layer] + (append ? 1 : 0);
+      for (int64_t j = 0; j < n; ++j) {
+        rows[layer].push_back(
+            static_cast<float>(1 + (j * 7 + step * 3 + layer) % 5) /
+            static_cast<float>(5 * n));
+      }
+      scores.push_back(LayerScores{layer, version[layer], ScoreSource::kReduced,
+                                   1, rows[layer]});
+    }
+    const AppendRequest request = append ? buffers.request() : AppendRequest{};
+    absl::StatusOr<StepOutcome> want =
+        fresh_store.store().Step(*fresh_id, request, scores);
+    ASSERT_TRUE(want.ok()) << "step " << step << ": " << want.status();
+    ASSERT_TRUE(
+        reused_store.store().Step(*reused_id, request, scores, reused).ok());
+    for (const auto& [got, expected] :
+         {std::pair(&reused.append, &want->append),
+          std::pair(&reused.scores, &want->scores)}) {
+      ASSERT_EQ(got->layers.size(), expected->layers.size());
+      for (size_t i = 0; i < expected->layers.size(); ++i) {
+        const LayerChange& g = got->layers[i];
+        const LayerChange& e = expected->layers[i];
+        SCOPED_TRACE(absl::StrFormat("step %d layer %d", step, i));
+        EXPECT_EQ(g.layer, e.layer);
+        EXPECT_EQ(g.version, e.version);
+        EXPECT_EQ(g.resident, e.resident);
+        EXPECT_EQ(g.evicted_positions, e.evicted_positions);
+        EXPECT_EQ(g.moves, e.moves);
+        EXPECT_EQ(g.pages_freed, e.pages_freed);
+        EXPECT_EQ(g.pages_added, e.pages_added);
+        evicted += static_cast<int64_t>(e.evicted_positions.size());
+      }
+    }
+    // The scores' result has every layer's counts after the whole step.
+    for (int32_t layer = 0; layer < 2; ++layer) {
+      version[layer] = want->scores.layers[layer].version;
+      resident[layer] = want->scores.layers[layer].resident;
+    }
+  }
+  EXPECT_GT(evicted, 40);
+}
+
 }  // namespace
 }  // namespace kvkeep

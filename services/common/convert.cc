@@ -26,6 +26,14 @@ AppendRequest AppendFromProto(const v1::AppendRequest& in,
 absl::StatusOr<std::vector<LayerScores>> ScoresFromProto(
     const google::protobuf::RepeatedPtrField<v1::LayerScores>& in) {
   std::vector<LayerScores> out;
+  if (absl::Status s = ScoresFromProto(in, out); !s.ok()) return s;
+  return out;
+}
+
+absl::Status ScoresFromProto(
+    const google::protobuf::RepeatedPtrField<v1::LayerScores>& in,
+    std::vector<LayerScores>& out) {
+  out.clear();
   out.reserve(in.size());
   for (const v1::LayerScores& l : in) {
     LayerScores s;
@@ -56,7 +64,7 @@ absl::StatusOr<std::vector<LayerScores>> ScoresFromProto(
     s.data = std::span<const float>(values->data(), values->size());
     out.push_back(s);
   }
-  return out;
+  return absl::OkStatus();
 }
 
 void StepResultToProto(const StepResult& in, v1::StepResult* out) {

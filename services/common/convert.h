@@ -22,6 +22,10 @@ AppendRequest AppendFromProto(const v1::AppendRequest& in,
 // has no source.
 absl::StatusOr<std::vector<LayerScores>> ScoresFromProto(
     const google::protobuf::RepeatedPtrField<v1::LayerScores>& in);
+// The same into `out` (cleared first, its capacity reused).
+absl::Status ScoresFromProto(
+    const google::protobuf::RepeatedPtrField<v1::LayerScores>& in,
+    std::vector<LayerScores>& out);
 
 void StepResultToProto(const StepResult& in, v1::StepResult* out);
 void LayoutToProto(const ModelLayout& in, v1::Layout* out);

@@ -542,7 +542,6 @@ class DecodeReactor final
       Finish(grpc::Status::OK);
       return;
     }
-    result_.Clear();
     if (absl::Status s = RunStep(); !s.ok()) {
       Finish(service_->Finish("Decode", s));
       return;
@@ -564,30 +563,41 @@ class DecodeReactor final
   absl::Status RunStep() {
     absl::StatusOr<SessionId> id = binding_->Resolve(step_.session_id());
     if (!id.ok()) return id.status();
-    absl::StatusOr<std::vector<LayerScores>> scores =
-        ScoresFromProto(step_.scores());
-    if (!scores.ok()) return InSession(*id, scores.status());
+    if (absl::Status s = ScoresFromProto(step_.scores(), scores_); !s.ok()) {
+      return InSession(*id, s);
+    }
     if (step_.has_append() && step_.append().positions_size() == 0) {
       return InSession(*id, absl::InvalidArgumentError(
                                 "the step's append has no tokens (leave "
                                 "append unset for a scores-only step)"));
     }
     const AppendRequest append = AppendFromProto(step_.append(), layers_);
-    absl::StatusOr<StepOutcome> outcome =
-        service_->store().Step(*id, append, *scores);
-    if (!outcome.ok()) return outcome.status();
-    if (step_.has_append()) {
-      StepResultToProto(outcome->append, result_.mutable_append());
+    if (absl::Status s = service_->store().Step(*id, append, scores_, outcome_);
+        !s.ok()) {
+      return s;
     }
-    StepResultToProto(outcome->scores, result_.mutable_scores());
+    // Cleared in place: DecodeStepResult::Clear() would delete both
+    // results and with them every LayerChange message and its buffers.
+    if (step_.has_append()) {
+      result_.mutable_append()->Clear();
+      StepResultToProto(outcome_.append, result_.mutable_append());
+    } else {
+      result_.clear_append();
+    }
+    result_.mutable_scores()->Clear();
+    StepResultToProto(outcome_.scores, result_.mutable_scores());
     return absl::OkStatus();
   }
 
   KvKeepService* const service_;
   std::optional<StreamBinding> binding_;  // set once authenticated
+  // The stream's messages and the store's views and results of them, kept
+  // for its life: a steady-state step reuses their buffers.
   v1::DecodeStep step_;
   v1::DecodeStepResult result_;
   std::vector<LayerKv> layers_;
+  std::vector<LayerScores> scores_;
+  StepOutcome outcome_;
 };
 
 // ReadKv: each requested layer's resident K/V in slot order, in chunks that

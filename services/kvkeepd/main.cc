@@ -7,8 +7,6 @@
 // It also serves Prometheus metrics over HTTP (docs/metrics.md). At startup
 // it prints the bound gRPC address on one line and the bound metrics URL on
 // the next, so scripts can find ephemeral ports (--listen ...:0).
-#include <malloc.h>
-
 #include <csignal>
 #include <cstdio>
 #include <random>
@@ -26,6 +24,7 @@
 #include "cache_store/cache_store.h"
 #include "cache_store/policy_registry.h"
 #include "cache_store/shared_pool_reaper.h"
+#include "services/kvkeepd/allocator.h"
 #include "services/kvkeepd/daemon_hooks.h"
 #include "services/kvkeepd/kvkeep_server.h"
 #include "services/kvkeepd/parse_errors.h"
@@ -270,12 +269,9 @@ int Main(int argc, char** argv) {
   absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
 
-  // Every decode step allocates and frees message buffers of up to a few
-  // MiB; above glibc's default mmap threshold each is a fresh mapping that
-  // the kernel must zero and fault in. Keep them in the heap instead (the
-  // end-to-end benchmark measured this; bench/README.md).
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  // Freed buffers stay in the process (allocator.h; bench/README.md has the
+  // numbers).
+  ConfigureMalloc();
   // Debian's Abseil checks every lock order at run time; the locking here is
   // checked at compile time (clang -Wthread-safety) instead.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
