@@ -385,11 +385,46 @@ def cmd_perplexity(a):
         progress(len(runs), len(runs), start, "done")
 
 
+def cmd_summary(a):
+    """Markdown tables from a tasks CSV: per task kind, press and kept
+    fraction, the exact-match accuracy, mean answer log-probability and the
+    mean KV bytes held (and seen)."""
+    import collections
+    cells = collections.defaultdict(list)
+    with open(a.csv, encoding="utf-8") as f:
+        for r in csv.DictReader(f):
+            kind = r["task"] + (f" ({r['kind']})" if r["kind"] else "")
+            cells[(kind, r["press"], float(r["kept_fraction"]))].append(r)
+    lines = []
+    for kind in sorted({k[0] for k in cells}):
+        lines += [f"**{kind}** (kvpress)", "",
+                  "| press | kept | n | exact match | mean log p(answer) | "
+                  "KV MiB held | KV MiB seen |", "|---|---|---|---|---|---|---|"]
+        keys = sorted((k for k in cells if k[0] == kind),
+                      key=lambda k: (PRESS_NAMES.index(k[1]) if k[1] in PRESS_NAMES
+                                     else 99, -k[2]))
+        for key in keys:
+            rows = cells[key]
+            n = len(rows)
+            em = sum(int(r["exact_match"]) for r in rows) / n
+            lp = sum(float(r["answer_logprob"]) for r in rows) / n
+            held = sum(int(r["kv_bytes"]) for r in rows) / n / 2**20
+            seen = sum(int(r["kv_bytes_seen"]) for r in rows) / n / 2**20
+            lines.append(f"| {key[1]} | {key[2]:g} | {n} | {em:.2f} | {lp:.2f} | "
+                         f"{held:.1f} | {seen:.1f} |")
+        lines.append("")
+    text = "\n".join(lines)
+    if a.out:
+        with open(a.out, "w", encoding="utf-8") as f:
+            f.write(text)
+    print(text)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--model", default=ref.DEFAULT_MODEL)
+    common.add_argument("--model", default=ref.DEFAULT_MODEL)  # $KVKEEP_MODEL
     common.add_argument("--threads", type=int, default=2,
                         help="torch threads (the machine has 2 cores)")
     b = sub.add_parser("baseline", parents=[common])
@@ -425,10 +460,16 @@ def main():
     p.add_argument("--no_full", action="store_true",
                    help="skip the full-cache decode run")
     p.add_argument("--out", default=os.path.join(RESULTS, "press_perplexity.csv"))
+    m = sub.add_parser("summary", help="Markdown tables from a tasks CSV")
+    m.add_argument("--csv", default=os.path.join(RESULTS, "press_tasks.csv"))
+    m.add_argument("--out", default="")
     a = ap.parse_args()
+    if a.cmd == "summary":
+        return cmd_summary(a)
     if not os.path.exists(a.model):
         sys.exit(f"{a.model} is missing: run scripts/fetch-model")
-    {"baseline": cmd_baseline, "tasks": cmd_tasks, "perplexity": cmd_perplexity}[a.cmd](a)
+    {"baseline": cmd_baseline, "tasks": cmd_tasks,
+     "perplexity": cmd_perplexity}[a.cmd](a)
 
 
 if __name__ == "__main__":
