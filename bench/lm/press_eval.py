@@ -232,7 +232,8 @@ def cmd_tasks(a):
     fields = ["task", "id", "length", "depth", "kind", "side", "press",
               "kept_fraction", "compression_ratio", "context_tokens",
               "question_tokens", "kept_tokens", "kv_bytes", "kv_bytes_seen",
-              "exact_match", "answer_logprob", "answer", "output", "seconds"]
+              "exact_match", "answer_logprob", "answer", "output", "seconds",
+              "cpu_seconds"]
     cached_ids = {}
     start = time.time()
     with open(a.out, "w", newline="", encoding="utf-8") as out:
@@ -244,7 +245,7 @@ def cmd_tasks(a):
                 cached_ids[t["id"]] = split_prompt(tok, t["context"], t["question"],
                                                    t["answer"])
             ids = cached_ids[t["id"]]
-            t0 = time.time()
+            t0, c0 = time.time(), time.process_time()
             text, lp, kept_tokens, held, seen = run_task(pipe, model, p, k, ids)
             w.writerow({
                 "task": t["task"], "id": t["id"], "length": t["length"],
@@ -256,7 +257,8 @@ def cmd_tasks(a):
                 "kv_bytes_seen": seen,
                 "exact_match": int(text.lstrip(" ").startswith(t["answer"])),
                 "answer_logprob": round(lp, 4), "answer": t["answer"],
-                "output": text, "seconds": round(time.time() - t0, 2)})
+                "output": text, "seconds": round(time.time() - t0, 2),
+                "cpu_seconds": round(time.process_time() - c0, 2)})
             out.flush()
         progress(len(jobs), len(jobs), start, "done")
     print(f"press_eval: {len(jobs)} rows -> {a.out}")
@@ -360,7 +362,8 @@ def cmd_perplexity(a):
         [(b, n) for b in bases for n in budgets]
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     fields = ["text", "tokens", "side", "press", "budget", "interval",
-              "perplexity", "kept_tokens_end", "kv_bytes_end", "seconds"]
+              "perplexity", "kept_tokens_end", "kv_bytes_end", "seconds",
+              "cpu_seconds"]
     per_token = model.config.num_hidden_layers * model.config.num_key_value_heads * \
         model.config.head_dim * 2 * 4
     start = time.time()
@@ -369,7 +372,7 @@ def cmd_perplexity(a):
         w.writeheader()
         for i, (base, budget) in enumerate(runs):
             progress(i, len(runs), start, f"{base}@{budget}")
-            t0 = time.time()
+            t0, c0 = time.time(), time.process_time()
             press = None if budget is None else decoding_press(base, budget, a.interval)
             ppl, tokens = decode_perplexity(model, ids, press)
             w.writerow({"text": os.path.basename(a.text), "tokens": len(ids),
@@ -378,7 +381,8 @@ def cmd_perplexity(a):
                         "budget": budget or "", "interval": a.interval if press else "",
                         "perplexity": round(ppl, 4), "kept_tokens_end": tokens,
                         "kv_bytes_end": int(tokens * per_token),
-                        "seconds": round(time.time() - t0, 1)})
+                        "seconds": round(time.time() - t0, 1),
+                        "cpu_seconds": round(time.process_time() - c0, 1)})
             f.flush()
             print(f"{'full' if press is None else 'decoding_' + base}@{budget}: "
                   f"perplexity {ppl:.4f}, {tokens:.0f} tokens kept", flush=True)
