@@ -319,6 +319,29 @@ def cmd_baseline(a):
         sys.exit(1)
 
 
+def keep_slot_order():
+    """Makes ScorerPress.compress keep the kept entries in their slot order.
+    kvpress 0.5.5 gathers them in topk's order, which is arbitrary among
+    equal scores (NVIDIA/kvpress#173, "overlooked"); a one-shot prefill
+    press does not care (attention is order-free), but a DecodingPress whose
+    base press ranks by slot (StreamingLLMPress: slots n_sink...; the sinks
+    of ExpectedAttentionPress) then evicts the wrong tokens at its second
+    compression. --keep_order measures the press with that fixed."""
+    from kvpress.presses.scorer_press import ScorerPress
+    from kvpress.utils import compute_n_kept
+
+    def compress(self, module, hidden_states, keys, values, attentions, kwargs):
+        if self.compression_ratio == 0:
+            return keys, values
+        scores = self.score(module, hidden_states, keys, values, attentions, kwargs)
+        n_kept = compute_n_kept(keys.shape[2], self.compression_ratio)
+        indices = scores.topk(n_kept, dim=-1).indices.sort(dim=-1).values
+        indices = indices.unsqueeze(-1).expand(-1, -1, -1, module.head_dim)
+        return keys.gather(2, indices).contiguous(), values.gather(2, indices).contiguous()
+
+    ScorerPress.compress = compress
+
+
 def decoding_press(base, budget, interval):
     import kvpress as kp
     scorer = {
@@ -355,6 +378,8 @@ def decode_perplexity(model, ids, press):
 def cmd_perplexity(a):
     tok, model, _ = setup(a.model, a.threads)
     set_attention(model, "sdpa")
+    if a.keep_order:
+        keep_slot_order()
     ids = text_ids(tok, a.text, a.max_tokens)
     bases = a.presses.split(",") if a.presses else DECODING_BASES
     budgets = [int(b) for b in a.budgets.split(",")]
@@ -377,7 +402,8 @@ def cmd_perplexity(a):
             ppl, tokens = decode_perplexity(model, ids, press)
             w.writerow({"text": os.path.basename(a.text), "tokens": len(ids),
                         "side": "kvpress",
-                        "press": "full" if press is None else f"decoding_{base}",
+                        "press": "full" if press is None else
+                        f"decoding_{base}" + ("_ordered" if a.keep_order else ""),
                         "budget": budget or "", "interval": a.interval if press else "",
                         "perplexity": round(ppl, 4), "kept_tokens_end": tokens,
                         "kv_bytes_end": int(tokens * per_token),
@@ -461,6 +487,8 @@ def main():
     p.add_argument("--interval", type=int, default=1,
                    help="DecodingPress's compression_interval (1: every token, "
                         "as kvkeep's policies with slack 0)")
+    p.add_argument("--keep_order", action="store_true",
+                   help="keep the kept entries in slot order (kvpress#173)")
     p.add_argument("--no_full", action="store_true",
                    help="skip the full-cache decode run")
     p.add_argument("--out", default=os.path.join(RESULTS, "press_perplexity.csv"))
