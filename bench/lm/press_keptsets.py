@@ -112,7 +112,7 @@ def tie_aware(ref_scores, kept_set, n_kept, rtol):
     cut = ref_scores[order[n_kept - 1]]
     band = set(np.nonzero(np.abs(ref_scores - cut) <= rtol * abs(cut))[0].tolist())
     diff = kept_set ^ ref_set
-    return len(kept_set - ref_set), len([t for t in diff if t not in band]) // 1
+    return len(kept_set - ref_set), len([t for t in diff if t not in band])
 
 
 def cmd_kvkeep(a):
@@ -138,7 +138,7 @@ def cmd_kvkeep(a):
         for t in server.tables:
             if sorted(t.positions) != sorted(s.tables.positions(t.layer).tolist()):
                 sys.exit(f"layer {t.layer}: GetBlockTables differs from the mirror")
-        totals = dict(layer=0, head=0, head_out=0, jac=0.0)
+        totals = dict(layer=0, jac=0.0)
         for l in range(layers):
             kept = set(int(p) for p in s.tables.positions(l))
             sc = d[f"scores_{l}"]                  # [kv_heads][n]
