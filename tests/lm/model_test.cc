@@ -737,6 +737,39 @@ TEST(TinyModelTest, ABatchComputesWhatItsSequencesComputeAlone) {
   }
 }
 
+TEST(TinyModelTest, NoLogitsSkipsThatSequencesLogitsAndNothingElse) {
+  std::unique_ptr<LlamaModel> model =
+      TinyModel(DType::kF32, PositionMode::kOriginal);
+  const std::vector<int64_t> positions = Iota(0, 8);
+  const std::vector<int32_t> tokens = RandomTokens(8, 97, 3);
+  ContiguousKv cache(model->config(), DType::kF32, 8);
+  Step(*model, cache, tokens, positions, 0, 4);
+  // The same step three times: with logits, without, all of a batch without.
+  const auto step = [&](bool no_logits) {
+    SequenceStep s;
+    s.tokens = absl::MakeConstSpan(tokens).subspan(4, 2);
+    s.positions = absl::MakeConstSpan(positions).subspan(4, 2);
+    s.cache = &cache;
+    s.attention = AttentionOutput::kReduced;
+    s.no_logits = no_logits;
+    return s;
+  };
+  std::vector<SequenceStep> mixed = {step(true), step(false)};
+  ASSERT_TRUE(model->Forward(absl::MakeSpan(mixed)).ok());
+  EXPECT_TRUE(mixed[0].logits.empty());
+  EXPECT_EQ(mixed[1].logits.size(), 97u);
+  std::vector<SequenceStep> none = {step(true)};
+  ASSERT_TRUE(model->Forward(absl::MakeSpan(none)).ok());
+  EXPECT_TRUE(none[0].logits.empty());
+  // Keys, values and attention are computed as ever.
+  for (const SequenceStep* s : {&mixed[0], &none[0]}) {
+    ASSERT_EQ(s->keys.size(), mixed[1].keys.size());
+    EXPECT_EQ(s->keys[1], mixed[1].keys[1]);
+    EXPECT_EQ(s->values[1], mixed[1].values[1]);
+    EXPECT_LT(MaxAbsDiff(s->attention_out[1], mixed[1].attention_out[1]), 1e-6);
+  }
+}
+
 TEST(TinyModelTest, AttentionOutputsHaveTheirShapesAndAgree) {
   std::unique_ptr<LlamaModel> model =
       TinyModel(DType::kF32, PositionMode::kOriginal);
