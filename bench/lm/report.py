@@ -306,8 +306,9 @@ def heatmap_png(cells, out_dir, budget):
     ]
     for i, (positions, run) in enumerate(runs):
         lines.append(f"set title '{run} ({positions})'")
-        lines.append(f"plot '{data}' index {i} using 1:2:3 with image "
-                     "notitle, '' index %d using 1:2:(sprintf('%%.2f',$3)) "
+        lines.append(f"plot '{data}' index {i} using 1:2:(0.5):(0.5):3 "
+                     "with boxxyerror fs solid 1.0 noborder palette notitle, "
+                     "'' index %d using 1:2:(sprintf('%%.2f',$3)) "
                      "with labels notitle" % i)
     lines.append("unset multiplot")
     gnuplot("\n".join(lines) + "\n")
