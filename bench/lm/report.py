@@ -155,13 +155,16 @@ def perplexity_png(rows, out_dir):
                 f.write(f"# {s} {v}\n")
                 for x, y in pts:
                     f.write(f"{x} {y}\n")
+                if not pts:  # keeps the block, so every index stays put
+                    f.write("NaN NaN\n")
                 f.write("\n\n")
     png = os.path.join(out_dir, "perplexity.png")
     lines = [
         'set terminal pngcairo size %d,700 font ",11" noenhanced'
         % (800 * len(schemes)),
         f"set output '{png}'",
-        "set logscale xy", "set grid",
+        "set logscale xy", "set grid", "set xrange [5:300]",
+        "set yrange [4:30]",
         "set xlabel 'resident KV at the end (MiB, kvkeepd stats)'",
         "set ylabel 'perplexity (log scale)'",
         "set key outside right top",
@@ -171,6 +174,9 @@ def perplexity_png(rows, out_dir):
         lines.append(f"set title 'positions={s}'")
         plots = []
         for vi, v in enumerate(variants):
+            if not any(r["positions"] == s and r["variant"] == v
+                       for r in rows):
+                continue
             idx = si * len(variants) + vi
             c, p = COLOURS[vi % len(COLOURS)], POINTS[vi % len(POINTS)]
             plots.append(f"'{data}' index {idx} using 1:2 with linespoints "
