@@ -7,8 +7,12 @@
 //       --runs="full window@256 streaming_llm:sinks=4@256 h2o:sinks=4@25%"
 //   kvkeep-lm perplexity --local --text=FILE        (no kvkeepd: the baseline)
 //   kvkeep-lm generate --server=... --prompt="..." --chat --max_new_tokens=64
+//   kvkeep-lm answer --server=... --tasks=TASKS.jsonl --runs="..."
+//       (each task's context + question through every run, then a greedy
+//       answer: exact match and the answer's log-probability, JSON Lines)
 //
-// docs/lm.md has the whole story: layouts, positions, what each flag does.
+// docs/lm.md has the whole story: layouts, positions, what each flag does;
+// docs/lm-eval.md the evaluation that `answer` serves.
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +20,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -25,13 +30,17 @@
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "nlohmann/json.hpp"
 #include "services/client/kvkeep_client.h"
 #include "services/lm/gguf.h"
+#include "services/lm/lm_answer.h"
 #include "services/lm/lm_runs.h"
 #include "services/lm/lm_sequence.h"
 #include "services/lm/model.h"
@@ -69,7 +78,9 @@ ABSL_FLAG(std::string, budget, "0",
           "tokens per layer, or a share of the text like 25%");
 ABSL_FLAG(std::string, runs, "",
           "several sequences in one batch, space-separated "
-          "POLICY[:k=v,k=v][@BUDGET], e.g. \"full h2o:sinks=4@25%\"; "
+          "POLICY[:k=v,k=v][@BUDGET], e.g. \"full h2o:sinks=4@25%\" (a "
+          "share like 25% is of the text or prompt, for parameters too: "
+          "recent=12.5%); "
           "overrides --policy, --params and --budget");
 ABSL_FLAG(std::string, text, "", "perplexity: the text file");
 ABSL_FLAG(int64_t, max_tokens, 0,
@@ -84,6 +95,13 @@ ABSL_FLAG(bool, chat, false,
           "generate: wrap the prompt in the model's chat turns");
 ABSL_FLAG(int64_t, max_new_tokens, 64, "generate: tokens to generate");
 ABSL_FLAG(bool, json, false, "print the results as JSON");
+ABSL_FLAG(std::string, tasks, "",
+          "answer: the tasks, JSON Lines (bench/lm/make_tasks.py)");
+ABSL_FLAG(std::string, out, "",
+          "answer: where the results go, JSON Lines (default: stdout)");
+ABSL_FLAG(int64_t, parallel, 4,
+          "answer: tasks in one batch (each with every run)");
+ABSL_FLAG(int64_t, answer_tokens, 8, "answer: greedy tokens per answer");
 
 namespace kvkeep::lm {
 namespace {
@@ -124,6 +142,7 @@ struct RunSpec {
   std::map<std::string, std::string> params;
   int64_t budget_tokens = 0;
   std::string label;
+  std::string spec;  // as written: "h2o:sinks=4@25%"
 };
 
 absl::StatusOr<std::map<std::string, std::string>> ParseParams(
@@ -175,10 +194,18 @@ absl::StatusOr<std::vector<RunSpec>> RunsFromFlags(int64_t text_tokens) {
         ParseParams(colon.second);
     if (!params.ok()) return params.status();
     run.params = *params;
+    // A parameter given as a share ("recent=12.5%") is of the text, too.
+    for (auto& [key, value] : run.params) {
+      if (!absl::EndsWith(value, "%")) continue;
+      absl::StatusOr<int64_t> tokens = ParseBudget(value, text_tokens);
+      if (!tokens.ok()) return tokens.status();
+      value = absl::StrCat(*tokens);
+    }
     absl::StatusOr<int64_t> budget =
         ParseBudget(at.second.empty() ? "0" : at.second, text_tokens);
     if (!budget.ok()) return budget.status();
     run.budget_tokens = *budget;
+    run.spec = item;
     run.label = run.policy == "full" ? std::string("full")
                                      : absl::StrCat(at.first, "@", *budget);
     runs.push_back(run);
@@ -247,6 +274,11 @@ struct Setup {
   std::unique_ptr<Tokenizer> tokenizer;
   std::vector<std::unique_ptr<Sequence>> sequences;
   std::string where;  // "kvkeepd ADDR (layout L, access)" or "local"
+  ModelConfig config;
+  DType local_dtype = DType::kF32;             // --local
+  std::optional<client::KvKeepClient> client;  // kvkeepd
+  v1::ServerInfo info;
+  StoreSequenceOptions base;  // the flags' and the layout's
 
   ~Setup() {
     for (auto& s : sequences) s->Close().IgnoreError();
@@ -273,27 +305,19 @@ absl::Status OpenFile(Setup& setup) {
   return absl::OkStatus();
 }
 
-// Opens one sequence per run, for up to `tokens` tokens, and loads the
-// model for their caches' dtype.
-absl::Status Prepare(Setup& setup, const std::vector<RunSpec>& runs,
-                     int64_t tokens) {
+// Loads the model for the caches' dtype: the layout's (found on the
+// server, which stays connected) or --kv_dtype's (--local).
+absl::Status Connect(Setup& setup) {
   absl::StatusOr<ModelConfig> config = ModelConfig::FromGguf(*setup.file);
   if (!config.ok()) return config.status();
+  setup.config = *config;
   absl::StatusOr<PositionMode> positions = PositionsFromFlags();
   if (!positions.ok()) return positions.status();
 
   if (absl::GetFlag(FLAGS_local)) {
     absl::StatusOr<DType> dtype = LocalDType();
     if (!dtype.ok()) return dtype.status();
-    for (const RunSpec& run : runs) {
-      if (run.policy != "full") {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--local keeps every token (policy full); ",
-                         run.policy, " needs kvkeepd"));
-      }
-      setup.sequences.push_back(
-          NewLocalSequence(*config, *dtype, run.label, tokens));
-    }
+    setup.local_dtype = *dtype;
     setup.where =
         absl::StrCat("local cache (", std::string(DTypeName(*dtype)), ")");
     return Load(setup, *dtype, *positions);
@@ -319,26 +343,62 @@ absl::Status Prepare(Setup& setup, const std::vector<RunSpec>& runs,
   if (!dtype.ok()) return dtype.status();
   absl::StatusOr<StoreSequenceOptions> base = StoreOptionsFromFlags();
   if (!base.ok()) return base.status();
+  base->layout = layout->name();
+  setup.client.emplace(*std::move(client));
+  setup.info = *std::move(info);
+  setup.base = *base;
+  setup.where = absl::StrCat("kvkeepd ", options.address, " (layout ",
+                             layout->name(), ", cache ");
+  return Load(setup, *dtype, *positions);
+}
+
+// One sequence per run, each for up to `tokens` tokens.
+absl::StatusOr<std::vector<std::unique_ptr<Sequence>>> OpenSequences(
+    Setup& setup, const std::vector<RunSpec>& runs, int64_t tokens) {
+  std::vector<std::unique_ptr<Sequence>> sequences;
   for (const RunSpec& run : runs) {
-    StoreSequenceOptions o = *base;
-    o.layout = layout->name();
+    if (!setup.client.has_value()) {
+      if (run.policy != "full") {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--local keeps every token (policy full); ",
+                         run.policy, " needs kvkeepd"));
+      }
+      sequences.push_back(
+          NewLocalSequence(setup.config, setup.local_dtype, run.label, tokens));
+      continue;
+    }
+    StoreSequenceOptions o = setup.base;
     o.policy = run.policy;
     o.params = run.params;
     o.budget_tokens = run.budget_tokens;
     o.label = run.label;
     absl::StatusOr<std::unique_ptr<Sequence>> sequence =
-        NewStoreSequence(*client, *info, *config, o);
+        NewStoreSequence(*setup.client, setup.info, setup.config, o);
     if (!sequence.ok()) {
+      for (auto& s : sequences) s->Close().IgnoreError();
       return absl::Status(
           sequence.status().code(),
           absl::StrCat(run.label, ": ", sequence.status().message()));
     }
-    setup.sequences.push_back(*std::move(sequence));
+    sequences.push_back(*std::move(sequence));
   }
-  setup.where = absl::StrCat(
-      "kvkeepd ", options.address, " (layout ", layout->name(), ", cache ",
-      std::string(setup.sequences.front()->access()), ")");
-  return Load(setup, *dtype, *positions);
+  return sequences;
+}
+
+// Connects, loads the model and opens one sequence per run, for up to
+// `tokens` tokens.
+absl::Status Prepare(Setup& setup, const std::vector<RunSpec>& runs,
+                     int64_t tokens) {
+  if (absl::Status s = Connect(setup); !s.ok()) return s;
+  absl::StatusOr<std::vector<std::unique_ptr<Sequence>>> sequences =
+      OpenSequences(setup, runs, tokens);
+  if (!sequences.ok()) return sequences.status();
+  setup.sequences = *std::move(sequences);
+  if (setup.client.has_value()) {
+    absl::StrAppend(&setup.where,
+                    std::string(setup.sequences.front()->access()), ")");
+  }
+  return absl::OkStatus();
 }
 
 // A progress line on a terminal; nothing in a log file.
@@ -488,12 +548,168 @@ absl::Status GenerateCommand() {
   return absl::OkStatus();
 }
 
+// One task of `answer`: its line of the tasks file and its tokens.
+struct TaskLine {
+  nlohmann::json json;
+  AnswerTask tokens;
+  std::vector<RunSpec> runs;  // budgets as shares resolve per task
+};
+
+absl::StatusOr<std::vector<TaskLine>> ReadTasks(const Tokenizer& tokenizer) {
+  if (absl::GetFlag(FLAGS_tasks).empty()) {
+    return absl::InvalidArgumentError("answer needs --tasks=FILE.jsonl");
+  }
+  absl::StatusOr<std::string> text = ReadFile(absl::GetFlag(FLAGS_tasks));
+  if (!text.ok()) return text.status();
+  std::vector<TaskLine> tasks;
+  int line_number = 0;
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    ++line_number;
+    if (absl::StripAsciiWhitespace(line).empty()) continue;
+    TaskLine task;
+    task.json = nlohmann::json::parse(line, nullptr, false);
+    const auto has = [&](const char* key) {
+      return task.json.is_object() && task.json.contains(key) &&
+             task.json[key].is_string();
+    };
+    if (!has("id") || !has("context") || !has("question") || !has("answer")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          absl::GetFlag(FLAGS_tasks), ":", line_number,
+          ": not a JSON object with string id, context, question, answer"));
+    }
+    task.tokens.prompt =
+        tokenizer.Encode(task.json["context"].get<std::string>() +
+                             task.json["question"].get<std::string>(),
+                         false);
+    task.tokens.answer = tokenizer.Encode(
+        absl::StrCat(" ", task.json["answer"].get<std::string>()), false);
+    absl::StatusOr<std::vector<RunSpec>> runs =
+        RunsFromFlags(static_cast<int64_t>(task.tokens.prompt.size()));
+    if (!runs.ok()) return runs.status();
+    task.runs = *std::move(runs);
+    task.json.erase("context");
+    task.json.erase("question");
+    tasks.push_back(std::move(task));
+  }
+  return tasks;
+}
+
+// The result line of one (task, run).
+nlohmann::json AnswerLine(const TaskLine& task, const RunSpec& run,
+                          const Answer& a, const Tokenizer& tokenizer) {
+  absl::StatusOr<std::string> text = tokenizer.Decode(a.generated);
+  const std::string generated = text.ok() ? *text : "";
+  nlohmann::json line = task.json;
+  line["run"] = run.spec;
+  line["policy"] = run.policy;
+  line["budget_tokens"] = run.budget_tokens;
+  line["positions"] = absl::GetFlag(FLAGS_positions);
+  line["prompt_tokens"] = task.tokens.prompt.size();
+  line["generated"] = generated;
+  line["exact"] = ExactMatch(generated, task.json["answer"].get<std::string>());
+  line["answer_logprob"] = a.answer_logprob;
+  line["answer_token_count"] = task.tokens.answer.size();
+  line["resident_tokens_per_layer"] = a.usage.resident_tokens_per_layer;
+  line["resident_kv_bytes"] = a.usage.bytes;
+  return line;
+}
+
+absl::Status AnswerCommand() {
+  Setup setup;
+  if (absl::Status s = OpenFile(setup); !s.ok()) return s;
+  absl::StatusOr<std::vector<TaskLine>> tasks = ReadTasks(*setup.tokenizer);
+  if (!tasks.ok()) return tasks.status();
+  if (tasks->empty()) return absl::InvalidArgumentError("no tasks");
+  if (absl::Status s = Connect(setup); !s.ok()) return s;
+  FILE* out = stdout;
+  if (!absl::GetFlag(FLAGS_out).empty()) {
+    out = std::fopen(absl::GetFlag(FLAGS_out).c_str(), "w");
+    if (out == nullptr) {
+      return absl::NotFoundError(
+          absl::StrCat("cannot write ", absl::GetFlag(FLAGS_out)));
+    }
+  }
+  AnswerOptions options;
+  options.max_new_tokens = absl::GetFlag(FLAGS_answer_tokens);
+  options.chunk = absl::GetFlag(FLAGS_chunk);
+  const size_t parallel =
+      static_cast<size_t>(std::max<int64_t>(1, absl::GetFlag(FLAGS_parallel)));
+  const bool tty = isatty(STDERR_FILENO);
+  absl::Status status;
+  int64_t exact = 0, answered = 0;
+  for (size_t first = 0; first < tasks->size() && status.ok();
+       first += parallel) {
+    const size_t end = std::min(tasks->size(), first + parallel);
+    std::vector<AnswerTask> batch;
+    std::vector<std::vector<std::unique_ptr<Sequence>>> owned;
+    std::vector<std::vector<Sequence*>> sequences;
+    for (size_t t = first; t < end && status.ok(); ++t) {
+      const TaskLine& task = (*tasks)[t];
+      absl::StatusOr<std::vector<std::unique_ptr<Sequence>>> opened =
+          OpenSequences(setup, task.runs,
+                        static_cast<int64_t>(task.tokens.prompt.size() +
+                                             task.tokens.answer.size()) +
+                            options.max_new_tokens);
+      if (!opened.ok()) {
+        status = opened.status();
+        break;
+      }
+      if (first == 0 && t == 0 && setup.client.has_value()) {
+        absl::StrAppend(&setup.where, std::string(opened->front()->access()),
+                        ")");
+      }
+      batch.push_back(task.tokens);
+      owned.push_back(*std::move(opened));
+      sequences.emplace_back();
+      for (auto& s : owned.back()) sequences.back().push_back(s.get());
+    }
+    if (tty) {
+      options.progress = [&, first, end](int64_t done, int64_t total) {
+        if (done != total && done % 16 != 0) return;
+        std::fprintf(stderr, "\rtasks %zu-%zu of %zu: step %lld / %lld   ",
+                     first + 1, end, tasks->size(),
+                     static_cast<long long>(done),
+                     static_cast<long long>(total));
+      };
+    }
+    absl::StatusOr<std::vector<std::vector<Answer>>> answers;
+    if (status.ok())
+      answers = RunAnswers(*setup.model, batch, sequences, options);
+    if (status.ok() && !answers.ok()) status = answers.status();
+    for (size_t t = 0; status.ok() && t < answers->size(); ++t) {
+      const TaskLine& task = (*tasks)[first + t];
+      for (size_t r = 0; r < task.runs.size(); ++r) {
+        const nlohmann::json line =
+            AnswerLine(task, task.runs[r], (*answers)[t][r], *setup.tokenizer);
+        exact += line["exact"].get<bool>() ? 1 : 0;
+        ++answered;
+        std::fprintf(out, "%s\n", line.dump().c_str());
+      }
+    }
+    std::fflush(out);
+    for (auto& task_sequences : owned) {
+      for (auto& s : task_sequences) {
+        absl::Status closed = s->Close();
+        if (status.ok() && !closed.ok()) status = closed;
+      }
+    }
+  }
+  if (tty) std::fprintf(stderr, "\n");
+  if (out != stdout) std::fclose(out);
+  if (!status.ok()) return status;
+  std::fprintf(stderr, "%s: %zu tasks, %lld answers, %lld exact\n",
+               setup.where.c_str(), tasks->size(),
+               static_cast<long long>(answered), static_cast<long long>(exact));
+  return absl::OkStatus();
+}
+
 }  // namespace
 }  // namespace kvkeep::lm
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "kvkeep-lm perplexity|generate [flags]: SmolLM2 on the CPU with its KV "
+      "kvkeep-lm perplexity|generate|answer [flags]: SmolLM2 on the CPU with "
+      "its KV "
       "cache in kvkeepd (docs/lm.md)");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   const std::string command = args.size() > 1 ? args[1] : "";
@@ -502,9 +718,11 @@ int main(int argc, char** argv) {
     status = kvkeep::lm::Perplexity();
   } else if (command == "generate") {
     status = kvkeep::lm::GenerateCommand();
+  } else if (command == "answer") {
+    status = kvkeep::lm::AnswerCommand();
   } else {
     std::fprintf(stderr,
-                 "usage: kvkeep-lm perplexity|generate [flags] "
+                 "usage: kvkeep-lm perplexity|generate|answer [flags] "
                  "(kvkeep-lm --help)\n");
     return 2;
   }

@@ -529,11 +529,16 @@ void ForwardPass::FeedForward(int32_t layer) {
 void ForwardPass::Logits() {
   std::vector<int64_t> rows;  // of x_, in batch order
   for (size_t b = 0; b < batch_.size(); ++b) {
+    if (batch_[b].no_logits) continue;
     for (int64_t i = batch_[b].all_logits ? 0 : n(b) - 1; i < n(b); ++i) {
       rows.push_back(row0_[b] + i);
     }
   }
   const int64_t m = static_cast<int64_t>(rows.size());
+  if (m == 0) {
+    for (SequenceStep& step : batch_) step.logits.clear();
+    return;
+  }
   for (int64_t r = 0; r < m; ++r) {
     internal::RmsNorm(&x_[rows[r] * c_.embed], w_.output_norm.data(), 1,
                       c_.embed, c_.rms_eps, &h_[r * c_.embed]);
@@ -543,7 +548,9 @@ void ForwardPass::Logits() {
          logits.data());
   int64_t r = 0;
   for (size_t b = 0; b < batch_.size(); ++b) {
-    const int64_t count = batch_[b].all_logits ? n(b) : 1;
+    const int64_t count = batch_[b].no_logits    ? 0
+                          : batch_[b].all_logits ? n(b)
+                                                 : 1;
     batch_[b].logits.assign(logits.begin() + r * c_.vocab,
                             logits.begin() + (r + count) * c_.vocab);
     r += count;

@@ -141,6 +141,7 @@ struct SequenceStep {
   const KvSource* cache = nullptr;      // the resident tokens before them
   AttentionOutput attention = AttentionOutput::kNone;
   bool all_logits = false;  // logits of every new token, or of the last only
+  bool no_logits = false;   // none at all (nobody reads this step's): faster
 
   // Out, per layer: the new tokens' keys and values ([n][kv_heads][head_dim]
   // of the cache dtype, little-endian; keys after RoPE for kOriginal, before
@@ -148,7 +149,8 @@ struct SequenceStep {
   std::vector<std::string> keys;
   std::vector<std::string> values;
   std::vector<std::vector<float>> attention_out;
-  // [n][vocab] with all_logits, else [1][vocab] (the last token's).
+  // [n][vocab] with all_logits, else [1][vocab] (the last token's); empty
+  // with no_logits.
   std::vector<float> logits;
 };
 

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -734,6 +735,47 @@ TEST(TinyModelTest, ABatchComputesWhatItsSequencesComputeAlone) {
     // float16 bytes may differ by one rounding step where the activations
     // differ in the last bit.
     EXPECT_EQ(batch[b].keys[0].size(), alone.keys[0].size());
+  }
+}
+
+TEST(TinyModelTest, NoLogitsSkipsThatSequencesLogitsAndNothingElse) {
+  std::unique_ptr<LlamaModel> model =
+      TinyModel(DType::kF32, PositionMode::kOriginal);
+  const std::vector<int64_t> positions = Iota(0, 8);
+  const std::vector<int32_t> tokens = RandomTokens(8, 97, 3);
+  ContiguousKv cache(model->config(), DType::kF32, 8);
+  Step(*model, cache, tokens, positions, 0, 4);
+  // The same step three times: with logits, without, all of a batch without.
+  const auto step = [&](bool no_logits) {
+    SequenceStep s;
+    s.tokens = absl::MakeConstSpan(tokens).subspan(4, 2);
+    s.positions = absl::MakeConstSpan(positions).subspan(4, 2);
+    s.cache = &cache;
+    s.attention = AttentionOutput::kReduced;
+    s.no_logits = no_logits;
+    return s;
+  };
+  std::vector<SequenceStep> mixed = {step(true), step(false)};
+  ASSERT_TRUE(model->Forward(absl::MakeSpan(mixed)).ok());
+  EXPECT_TRUE(mixed[0].logits.empty());
+  EXPECT_EQ(mixed[1].logits.size(), 97u);
+  std::vector<SequenceStep> none = {step(true)};
+  ASSERT_TRUE(model->Forward(absl::MakeSpan(none)).ok());
+  EXPECT_TRUE(none[0].logits.empty());
+  // Keys, values and attention are computed as ever (to rounding: a
+  // product of another batch size may sum in another order).
+  const auto floats = [](const std::string& bytes) {
+    std::vector<float> out(bytes.size() / sizeof(float));
+    std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
+    return out;
+  };
+  for (const SequenceStep* s : {&mixed[0], &none[0]}) {
+    ASSERT_EQ(s->keys.size(), mixed[1].keys.size());
+    ASSERT_EQ(s->keys[1].size(), mixed[1].keys[1].size());
+    EXPECT_LT(MaxAbsDiff(floats(s->keys[1]), floats(mixed[1].keys[1])), 1e-5);
+    EXPECT_LT(MaxAbsDiff(floats(s->values[1]), floats(mixed[1].values[1])),
+              1e-5);
+    EXPECT_LT(MaxAbsDiff(s->attention_out[1], mixed[1].attention_out[1]), 1e-6);
   }
 }
 

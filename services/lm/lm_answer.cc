@@ -1,0 +1,212 @@
+#include "services/lm/lm_answer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "services/lm/lm_runs.h"
+
+namespace kvkeep::lm {
+
+bool ExactMatch(std::string_view generated, std::string_view answer) {
+  const size_t first = generated.find_first_not_of(' ');
+  if (first == std::string_view::npos) return answer.empty();
+  return generated.substr(first).substr(0, answer.size()) == answer;
+}
+
+namespace {
+
+// log p(target) from one row of logits (double accumulation).
+double LogProb(absl::Span<const float> logits, int32_t target) {
+  const float max = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float x : logits) sum += std::exp(static_cast<double>(x) - max);
+  return static_cast<double>(logits[target]) - max - std::log(sum);
+}
+
+int32_t Argmax(absl::Span<const float> logits) {
+  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) -
+                              logits.begin());
+}
+
+enum class Phase { kPrompt, kPeek, kDecode, kDone };
+
+// One (task, run): where it is and what it has to do next.
+struct Lane {
+  const AnswerTask* task = nullptr;
+  Sequence* sequence = nullptr;
+  Answer* out = nullptr;
+  std::vector<int64_t> prompt_steps;  // sizes; 1s unless the policy compresses
+  bool compresses = false;
+  size_t next_step = 0;
+  int64_t fed = 0;  // tokens committed to the cache
+  Phase phase = Phase::kPrompt;
+
+  StepKind kind() const {
+    if (phase != Phase::kPrompt || !compresses) return StepKind::kDecode;
+    return next_step + 1 < prompt_steps.size() ? StepKind::kPrompt
+                                               : StepKind::kPromptEnd;
+  }
+  int64_t rounds() const {
+    return static_cast<int64_t>(prompt_steps.size()) +
+           (task->answer.size() > 1 ? 1 : 0);
+  }
+};
+
+// Sets up the step `lane` takes this round.
+void PrepareStep(const Lane& lane, absl::Span<const int64_t> positions,
+                 SequenceStep& step) {
+  const AnswerTask& task = *lane.task;
+  step.cache = &lane.sequence->cache();
+  switch (lane.phase) {
+    case Phase::kPrompt: {
+      const int64_t n = lane.prompt_steps[lane.next_step];
+      step.tokens = absl::MakeConstSpan(task.prompt).subspan(lane.fed, n);
+      step.attention = lane.sequence->attention(lane.kind());
+      // Only the prompt's last token predicts anything we read.
+      step.no_logits = lane.next_step + 1 < lane.prompt_steps.size();
+      break;
+    }
+    case Phase::kPeek: {
+      const int64_t n = static_cast<int64_t>(task.answer.size()) - 1;
+      step.tokens = absl::MakeConstSpan(task.answer).subspan(0, n);
+      step.attention = AttentionOutput::kNone;
+      step.all_logits = true;
+      break;
+    }
+    case Phase::kDecode:
+      step.tokens = absl::MakeConstSpan(&lane.out->generated.back(), 1);
+      step.attention = lane.sequence->attention(StepKind::kDecode);
+      break;
+    case Phase::kDone:
+      break;
+  }
+  step.positions = positions.subspan(lane.fed, step.tokens.size());
+}
+
+// Takes the step's result: commits it (not a peek), reads the logits, moves
+// the lane on.
+absl::Status FinishStep(Lane& lane, const SequenceStep& step, int32_t vocab,
+                        int64_t max_new_tokens) {
+  Answer& out = *lane.out;
+  const AnswerTask& task = *lane.task;
+  const auto row = [&](int64_t r) {
+    return absl::MakeConstSpan(step.logits).subspan(r * vocab, vocab);
+  };
+  if (lane.phase == Phase::kPeek) {
+    for (size_t i = 1; i < task.answer.size(); ++i) {
+      out.answer_logprobs.push_back(LogProb(row(i - 1), task.answer[i]));
+    }
+    lane.phase = Phase::kDecode;
+  } else {
+    if (absl::Status s = lane.sequence->Commit(step, lane.kind()); !s.ok()) {
+      return absl::Status(
+          s.code(), absl::StrCat("at token ", lane.fed, ": ", s.message()));
+    }
+    lane.fed += static_cast<int64_t>(step.tokens.size());
+    if (lane.phase == Phase::kPrompt &&
+        ++lane.next_step == lane.prompt_steps.size()) {
+      absl::StatusOr<CacheUsage> usage = lane.sequence->Usage();
+      if (!usage.ok()) return usage.status();
+      out.usage = *usage;
+      if (!task.answer.empty()) {
+        out.answer_logprobs.push_back(LogProb(row(0), task.answer[0]));
+      }
+      lane.phase = task.answer.size() > 1 ? Phase::kPeek : Phase::kDecode;
+      out.generated.push_back(Argmax(row(0)));
+    } else if (lane.phase == Phase::kDecode) {
+      out.generated.push_back(Argmax(row(0)));
+    }
+  }
+  if (lane.phase == Phase::kDecode &&
+      static_cast<int64_t>(out.generated.size()) >= max_new_tokens) {
+    lane.phase = Phase::kDone;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::vector<Answer>>> RunAnswers(
+    const LlamaModel& model, absl::Span<const AnswerTask> tasks,
+    absl::Span<const std::vector<Sequence*>> sequences,
+    const AnswerOptions& options) {
+  if (tasks.size() != sequences.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        tasks.size(), " tasks but sequences for ", sequences.size()));
+  }
+  if (options.max_new_tokens < 1) {
+    return absl::InvalidArgumentError("max_new_tokens must be at least 1");
+  }
+  std::vector<std::vector<Answer>> answers(tasks.size());
+  std::vector<Lane> lanes;
+  int64_t longest = 0;
+  for (size_t t = 0; t < tasks.size(); ++t) {
+    const int64_t n = static_cast<int64_t>(tasks[t].prompt.size());
+    if (n == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("task ", t, ": no prompt"));
+    }
+    longest =
+        std::max(longest, n + static_cast<int64_t>(tasks[t].answer.size()) +
+                              options.max_new_tokens);
+    answers[t].resize(sequences[t].size());
+    for (size_t r = 0; r < sequences[t].size(); ++r) {
+      Lane lane;
+      lane.task = &tasks[t];
+      lane.sequence = sequences[t][r];
+      lane.out = &answers[t][r];
+      const int64_t min_last = lane.sequence->min_prompt_end_tokens();
+      lane.compresses = min_last > 1;
+      lane.prompt_steps = lane.compresses
+                              ? PromptChunks(n, options.chunk, min_last)
+                              : std::vector<int64_t>(n, 1);
+      lanes.push_back(std::move(lane));
+    }
+  }
+  std::vector<int64_t> positions(longest);
+  std::iota(positions.begin(), positions.end(), 0);
+  int64_t total_rounds = 0;
+  for (const Lane& lane : lanes) {
+    total_rounds =
+        std::max(total_rounds, lane.rounds() + options.max_new_tokens - 1);
+  }
+
+  const int32_t vocab = model.config().vocab;
+  std::vector<Lane*> active;
+  std::vector<SequenceStep> batch;
+  for (int64_t round = 0;; ++round) {
+    active.clear();
+    for (Lane& lane : lanes) {
+      if (lane.phase != Phase::kDone) active.push_back(&lane);
+    }
+    if (active.empty()) break;
+    batch.assign(active.size(), SequenceStep());
+    for (size_t i = 0; i < active.size(); ++i) {
+      PrepareStep(*active[i], positions, batch[i]);
+    }
+    if (absl::Status s = model.Forward(absl::MakeSpan(batch)); !s.ok()) {
+      return s;
+    }
+    for (size_t i = 0; i < active.size(); ++i) {
+      if (absl::Status s =
+              FinishStep(*active[i], batch[i], vocab, options.max_new_tokens);
+          !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat(active[i]->sequence->label(),
+                                                   ": ", s.message()));
+      }
+    }
+    if (options.progress) options.progress(round + 1, total_rounds);
+  }
+  for (auto& task_answers : answers) {
+    for (Answer& a : task_answers) {
+      a.answer_logprob = std::accumulate(a.answer_logprobs.begin(),
+                                         a.answer_logprobs.end(), 0.0);
+    }
+  }
+  return answers;
+}
+
+}  // namespace kvkeep::lm

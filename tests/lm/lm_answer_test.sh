@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# kvkeep-lm answer against a real kvkeepd process, on passkey tasks from
+# bench/lm/make_tasks.py (about 256 tokens, the key at 30% or 70%):
+#  - full's teacher-forced answer log-probability is what perplexity --local
+#    gives for the same tokens (the prompt's and prompt + answer's summed
+#    log-likelihoods differ by exactly that), within 2e-3;
+#  - full's greedy answer is generate's (--local, the same prompt);
+#  - full finds every key; window@48 keeps 48 tokens per layer, the key is
+#    gone and it finds none, its answer log-probability far below full's;
+#    streaming_llm:sinks=4@48 holds 48 tokens too;
+#  - a budget given as a share resolves per task; a task file with a broken
+#    line is a clear error naming the line.
+# Prints "SKIPPED: ..." (ctest: skipped) when the model file is absent.
+#
+#   lm_answer_test.sh BIN_DIR CONFIG MODEL
+set -euo pipefail
+bin="$1"
+config="$2"
+model="$3"
+if [ ! -r "$model" ]; then
+  echo "SKIPPED: model absent at $model: run scripts/fetch-model"
+  exit 77
+fi
+here="$(cd "$(dirname "$0")" && pwd)"
+source "$here/../../scripts/lib.sh"
+tmp="$(mktemp -d)"
+trap 'kill -9 $KVKEEPD_PID 2>/dev/null || true; rm -rf "$tmp"' EXIT
+kvkeep_start_kvkeepd "$bin/kvkeepd" "$tmp/kvkeepd.log" --config="$config" \
+  --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --self_check=false ||
+  { echo "FAIL: kvkeepd did not start"; exit 1; }
+fail() { echo "FAIL: $*"; exit 1; }
+
+python3 "$here/../../bench/lm/make_tasks.py" --tasks=passkey --lengths=256 \
+  --depths=0.3,0.7 --keys=2 --seed=5 --out="$tmp/tasks.jsonl"
+runs="full window@48 streaming_llm:sinks=4@48 h2o:sinks=4,recent=16@25%"
+"$bin/kvkeep-lm" answer --model="$model" --server="$KVKEEPD_ADDRESS" \
+  --tasks="$tmp/tasks.jsonl" --runs="$runs" --parallel=2 \
+  --out="$tmp/answers.jsonl"
+[ "$(wc -l <"$tmp/answers.jsonl")" = 16 ] ||
+  fail "expected 16 answer lines (4 tasks x 4 runs)"
+
+python3 - "$tmp/answers.jsonl" <<'EOF' || fail "answers"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+by = {}
+for r in rows:
+    by.setdefault(r["run"], []).append(r)
+    print(r["id"], r["run"], repr(r["generated"]), r["exact"],
+          round(r["answer_logprob"], 3), r["resident_tokens_per_layer"])
+assert all(r["exact"] for r in by["full"]), "full missed a key"
+assert not any(r["exact"] for r in by["window@48"]), "window@48 found a key"
+for f, w in zip(by["full"], by["window@48"]):
+    assert w["answer_logprob"] < f["answer_logprob"] - 5, (f, w)
+for run in ("window@48", "streaming_llm:sinks=4@48"):
+    assert all(r["resident_tokens_per_layer"] <= 48 for r in by[run]), run
+for r in by["h2o:sinks=4,recent=16@25%"]:
+    assert r["budget_tokens"] == r["prompt_tokens"] // 4, r
+    assert r["resident_tokens_per_layer"] <= r["budget_tokens"], r
+assert all(r["answer_token_count"] == 6 for r in rows)  # " " and 5 digits
+EOF
+
+# The teacher-forced log-probability, the long way: perplexity over the
+# prompt and over prompt + " " + answer (digits tokenize alike alone or
+# after the prompt), --local, token by token.
+python3 - "$tmp" <<'EOF'
+import json, sys
+tmp = sys.argv[1]
+t = json.loads(open(f"{tmp}/tasks.jsonl").readline())
+open(f"{tmp}/prompt.txt", "w").write(t["context"] + t["question"])
+open(f"{tmp}/full.txt", "w").write(t["context"] + t["question"] + " " + t["answer"])
+EOF
+nll() {
+  "$bin/kvkeep-lm" perplexity --local --model="$model" --text="$1" --json |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["nll_sum"])'
+}
+python3 - "$(nll "$tmp/prompt.txt")" "$(nll "$tmp/full.txt")" \
+  "$tmp/answers.jsonl" <<'EOF' || fail "teacher-forced log-probability"
+import json, sys
+prompt_nll, full_nll = float(sys.argv[1]), float(sys.argv[2])
+row = json.loads(open(sys.argv[3]).readline())
+assert row["run"] == "full"
+expected = prompt_nll - full_nll
+print(f"answer log-probability {row['answer_logprob']:.5f}, "
+      f"from perplexity {expected:.5f}")
+assert abs(row["answer_logprob"] - expected) < 2e-3
+EOF
+
+# Greedy: generate's continuation of the same prompt (8 tokens).
+generated="$("$bin/kvkeep-lm" generate --local --model="$model" \
+  --prompt_file="$tmp/prompt.txt" --max_new_tokens=8 2>/dev/null)"
+python3 - "$generated" "$tmp/answers.jsonl" <<'EOF' || fail "greedy answer"
+import json, sys
+row = json.loads(open(sys.argv[2]).readline())
+print(f"generate: {sys.argv[1]!r}, answer: {row['generated']!r}")
+assert sys.argv[1].rstrip("\n") == row["generated"]
+EOF
+
+# A broken task file: a clear error naming the line.
+printf '{"id": "a", "context": "x", "question": "y", "answer": "z"}\nnot json\n' \
+  >"$tmp/bad.jsonl"
+if err="$("$bin/kvkeep-lm" answer --model="$model" \
+  --server="$KVKEEPD_ADDRESS" --tasks="$tmp/bad.jsonl" 2>&1)"; then
+  fail "a broken task file was accepted"
+fi
+grep -q "INVALID_ARGUMENT: .*bad.jsonl:2:" <<<"$err" || fail "bad line: $err"
+echo PASS
