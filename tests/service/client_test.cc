@@ -994,12 +994,13 @@ TEST(ClientAuthTest, TokensAndTenants) {
   ASSERT_TRUE(mine.ok());
   EXPECT_EQ(mine->tenant(), "alice");
 
+  // Another tenant's session is NOT_FOUND, as a missing one.
   EXPECT_EQ(bob.GetSessionStats(s->id()).status().code(),
-            absl::StatusCode::kPermissionDenied);
+            absl::StatusCode::kNotFound);
   EXPECT_EQ(bob.OpenSession(s->id()).status().code(),
-            absl::StatusCode::kPermissionDenied);
+            absl::StatusCode::kNotFound);
   EXPECT_EQ(bob.CloseSession(s->id()).status().code(),
-            absl::StatusCode::kPermissionDenied);
+            absl::StatusCode::kNotFound);
   absl::StatusOr<std::vector<v1::SessionStats>> bobs = bob.ListSessions();
   ASSERT_TRUE(bobs.ok());
   EXPECT_TRUE(bobs->empty());
