@@ -309,14 +309,27 @@ absl::Status ApplyConfigJson(absl::string_view text, ServerConfig& config) {
   absl::StatusOr<Json> parsed = ParseJson(text, "config");
   if (!parsed.ok()) return parsed.status();
   const Json& j = *parsed;
-  KVKEEP_RETURN_IF_ERROR(CheckKeys(
-      j, "the config",
-      {"listen", "metrics_listen", "metrics_session_series",
-       "metrics_auth_file", "layouts", "default_policy", "limits", "tenants",
-       "tenants_file", "tls", "peers", "drain_seconds", "log_events", "device",
-       "share_pools", "transfer_listen", "transfer_timeout_seconds",
-       "peer_keepalive_seconds", "transfer_resolve_attempts",
-       "transfer_resolve_seconds"}));
+  KVKEEP_RETURN_IF_ERROR(CheckKeys(j, "the config",
+                                   {"listen",
+                                    "metrics_listen",
+                                    "metrics_session_series",
+                                    "metrics_auth_file",
+                                    "layouts",
+                                    "default_policy",
+                                    "limits",
+                                    "tenants",
+                                    "tenants_file",
+                                    "tls",
+                                    "peers",
+                                    "drain_seconds",
+                                    "log_events",
+                                    "device",
+                                    "share_pools",
+                                    "transfer_listen",
+                                    "transfer_timeout_seconds",
+                                    "peer_keepalive_seconds",
+                                    "transfer_resolve_attempts",
+                                    "transfer_resolve_seconds"}));
   KVKEEP_RETURN_IF_ERROR(Read(j, "metrics_session_series", "config",
                               config.metrics_session_series));
   if (config.metrics_session_series < 0) {
