@@ -18,19 +18,6 @@ bool ExactMatch(std::string_view generated, std::string_view answer) {
 
 namespace {
 
-// log p(target) from one row of logits (double accumulation).
-double LogProb(absl::Span<const float> logits, int32_t target) {
-  const float max = *std::max_element(logits.begin(), logits.end());
-  double sum = 0;
-  for (float x : logits) sum += std::exp(static_cast<double>(x) - max);
-  return static_cast<double>(logits[target]) - max - std::log(sum);
-}
-
-int32_t Argmax(absl::Span<const float> logits) {
-  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) -
-                              logits.begin());
-}
-
 enum class Phase { kPrompt, kPeek, kDecode, kDone };
 
 // One (task, run): where it is and what it has to do next.

@@ -27,9 +27,6 @@ std::vector<int64_t> PromptChunks(int64_t tokens, int64_t chunk,
   return sizes;
 }
 
-namespace {
-
-// log p(target) from one row of logits (double accumulation).
 double LogProb(absl::Span<const float> logits, int32_t target) {
   const float max = *std::max_element(logits.begin(), logits.end());
   double sum = 0;
@@ -41,6 +38,8 @@ int32_t Argmax(absl::Span<const float> logits) {
   return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) -
                               logits.begin());
 }
+
+namespace {
 
 double Since(absl::Time start) {
   return absl::ToDoubleSeconds(absl::Now() - start);

@@ -76,6 +76,12 @@ absl::StatusOr<GenerateResult> Generate(const LlamaModel& model,
                                         Sequence& sequence,
                                         const GenerateOptions& options);
 
+// log p(target) from one row of logits (double accumulation).
+double LogProb(absl::Span<const float> logits, int32_t target);
+
+// The index of the largest logit (the first of equal ones): greedy decoding.
+int32_t Argmax(absl::Span<const float> logits);
+
 // The chunk sizes a prompt of `tokens` is cut into: `chunk` each, the last
 // at least `min_last` (merged into the one before when shorter).
 std::vector<int64_t> PromptChunks(int64_t tokens, int64_t chunk,
