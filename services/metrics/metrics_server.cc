@@ -40,7 +40,10 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     exposer->RegisterAuth(
         [user = options.auth_user, password = options.auth_password](
             const std::string& u, const std::string& p) {
-          return ConstantTimeEquals(u, user) & ConstantTimeEquals(p, password);
+          // Both compared, whichever differs.
+          const bool user_ok = ConstantTimeEquals(u, user);
+          const bool password_ok = ConstantTimeEquals(p, password);
+          return user_ok && password_ok;
         },
         "kvkeepd metrics");
   }

@@ -39,8 +39,8 @@ class BlockTablePagesTest : public ::testing::Test {
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     SessionSpec spec;
-    spec.layout = std::string(
-        1, 'm');  // "m": GCC 12 -Wrestrict misfires on it under ASan
+    // "m", spelled so that GCC 12's -Wrestrict does not misfire under ASan.
+    spec.layout = std::string(1, 'm');
     spec.policy = {"full", {}};
     absl::StatusOr<SessionId> id = store().CreateSession(spec);
     ASSERT_TRUE(id.ok()) << id.status();
