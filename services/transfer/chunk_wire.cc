@@ -25,11 +25,8 @@ constexpr uint32_t Tag(int field, WireFormatLite::WireType type) {
   return static_cast<uint32_t>(field) << 3 | type;
 }
 // TransferMessage
-constexpr uint32_t kHeaderTag =
-    Tag(2, WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
 constexpr uint32_t kChunkTag =
     Tag(3, WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
-constexpr uint32_t kCommitTag = Tag(4, WireFormatLite::WIRETYPE_VARINT);
 // TransferChunk
 constexpr uint32_t kLayerTag = Tag(1, WireFormatLite::WIRETYPE_VARINT);
 constexpr uint32_t kFirstSlotTag = Tag(2, WireFormatLite::WIRETYPE_VARINT);
@@ -197,10 +194,15 @@ absl::StatusOr<std::optional<Chunk>> DecodeChunk(grpc::ByteBuffer& message) {
       if (!in.ConsumedEntireMessage()) return malformed();
       break;
     }
-    if (tag == kHeaderTag || tag == kCommitTag || IsGroup(tag)) {
-      return std::nullopt;  // not a chunk, or not one read here
-    }
-    if (tag != kChunkTag) {  // transfer_id, or a field newer than us
+    if (tag != kChunkTag) {
+      // transfer_id, nccl and tcp are skipped. Any other field is another
+      // member of the kind oneof (header, commit, resolve, or one newer than
+      // this reader, which would win if it came last) or a group: protobuf
+      // decides.
+      const uint32_t field = tag >> 3;
+      if (IsGroup(tag) || (field != 1 && field != 5 && field != 6)) {
+        return std::nullopt;
+      }
       if (!WireFormatLite::SkipField(&in, tag)) return malformed();
       continue;
     }
