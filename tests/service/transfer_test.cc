@@ -757,15 +757,21 @@ TEST(TransferWireTest, AChunkIsReadInPlaceFromAnySplit) {
   for (size_t i = 1; i < bytes.size(); ++i) every.push_back(i);
   check(Split(bytes, every));
 
-  // Fields it does not know are skipped, as protobuf does.
+  // Fields of the chunk it does not know are skipped, as protobuf does.
   v1::TransferMessage newer = message;
   newer.mutable_chunk()
       ->GetReflection()
       ->MutableUnknownFields(newer.mutable_chunk())
       ->AddVarint(99, 12345);
+  check(Split(newer.SerializeAsString(), {9}));
+  // A field of the message it does not know may be a newer member of the
+  // kind oneof, which wins when it comes last: protobuf decides.
   newer.GetReflection()->MutableUnknownFields(&newer)->AddLengthDelimited(
       77, "later");
-  check(Split(newer.SerializeAsString(), {9}));
+  grpc::ByteBuffer unknown = Split(newer.SerializeAsString(), {9});
+  absl::StatusOr<std::optional<Chunk>> left = DecodeChunk(unknown);
+  ASSERT_TRUE(left.ok()) << left.status();
+  EXPECT_FALSE(left->has_value());
 }
 
 TEST(TransferWireTest, OtherMessagesAreLeftToProtobufAndGarbageIsRefused) {
@@ -776,6 +782,18 @@ TEST(TransferWireTest, OtherMessagesAreLeftToProtobufAndGarbageIsRefused) {
   commit.set_commit(true);
   for (const v1::TransferMessage& m : {header, commit}) {
     grpc::ByteBuffer buffer = Split(m.SerializeAsString(), {});
+    absl::StatusOr<std::optional<Chunk>> view = DecodeChunk(buffer);
+    ASSERT_TRUE(view.ok()) << view.status();
+    EXPECT_FALSE(view->has_value());
+  }
+  // A chunk followed by a resolve is a resolve (found by chunk_wire_fuzz).
+  v1::TransferMessage resolve;
+  resolve.set_resolve(true);
+  {
+    v1::TransferMessage chunk;
+    chunk.mutable_chunk()->set_keys("abcd");
+    grpc::ByteBuffer buffer =
+        Split(chunk.SerializeAsString() + resolve.SerializeAsString(), {});
     absl::StatusOr<std::optional<Chunk>> view = DecodeChunk(buffer);
     ASSERT_TRUE(view.ok()) << view.status();
     EXPECT_FALSE(view->has_value());
