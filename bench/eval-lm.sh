@@ -13,27 +13,36 @@
 # (*.md) and PNG plots (gnuplot; Debian's gnuplot-nox is installed if
 # missing). Progress lines on a terminal.
 #
-#   bench/eval-lm.sh [--quick] [--out=DIR] [--seed=N] [--no_press]
+#   bench/eval-lm.sh [--quick] [--out=DIR] [--seed=N] [--no_press] [--resume]
 #
 # --quick: a small grid (docs/lm-eval.md gives both grids and their times).
+# --resume: keep what OUT already holds (each stage's finished output, and
+#   every (task, run) line of the answers) and run only the rest: the full
+#   grid takes hours, and a stopped run goes on where it stopped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
-quick=0 out=bench/results/lm seed=1 press=1
+quick=0 out=bench/results/lm seed=1 press=1 resume=0
 for arg in "$@"; do
   case "$arg" in
     --quick) quick=1 ;;
     --out=*) out="${arg#--out=}" ;;
     --seed=*) seed="${arg#--seed=}" ;;
     --no_press) press=0 ;;
-    *) echo "usage: bench/eval-lm.sh [--quick] [--out=DIR] [--seed=N] [--no_press]" >&2
+    --resume) resume=1 ;;
+    *) echo "usage: bench/eval-lm.sh [--quick] [--out=DIR] [--seed=N] [--no_press] [--resume]" >&2
        exit 2 ;;
   esac
 done
 
 t0=$SECONDS
 stage() { echo "== [$((SECONDS - t0)) s] $*" >&2; }
+# finished FILE: whether --resume keeps FILE (a stage's finished output: every
+# stage writes FILE.part and renames it when it ends).
+finished() { [ $resume = 1 ] && [ -s "$1" ]; }
+# Python's progress bars (tqdm) redraw in place: on a terminal only.
+[ -t 2 ] || export TQDM_DISABLE=1 HF_HUB_DISABLE_PROGRESS_BARS=1
 KVKEEP_PACKAGES+=(gnuplot-nox)
 kvkeep_install_missing
 stage "build kvkeepd, kvkeep-lm"
@@ -53,13 +62,17 @@ lm() { build/bin/kvkeep-lm "$1" --model="$model" --server="$KVKEEPD_ADDRESS" "${
 # Perplexity: budgets as shares of the text and fixed sizes; every policy
 # with and without 4 sinks (streaming_llm is window + sinks); h2o and
 # h2o_page keep half their budget as a recent window (H2O's split).
+# Answers: passkey and conversation tasks (make_tasks.py) with every policy
+# at one budget (the heat maps'), then a budget sweep on the shortest
+# passkey tasks.
 if [ $quick = 1 ]; then
   ppl_tokens=2048
   ppl_budgets="5% 25% 256"
   ppl_policies="window streaming_llm:sinks=4 h2o:sinks=4,recent=H tova:sinks=4"
   ppl_cache_policies="window streaming_llm:sinks=4"
-  task_flags=(--quick --conv_lengths=1024 --conv_keys=2 --lengths=1024 --keys=2)
-  answer_budgets="25%"
+  task_flags=(--quick --lengths=1024 --keys=2 --conv_lengths=1024 --conv_keys=2)
+  sweep_flags=()
+  press_presses=(--presses=streaming_llm --no_full)
 else
   ppl_tokens=4096
   ppl_budgets="5% 10% 25% 50% 256 512 1024"
@@ -67,15 +80,17 @@ else
     tova:sinks=0 tova:sinks=4 scissorhands:sinks=0 scissorhands:sinks=4
     h2o_page:recent=H h2o_page:sinks=4,recent=H"
   ppl_cache_policies="window streaming_llm:sinks=4 h2o:sinks=4,recent=H tova:sinks=4"
-  task_flags=()
-  answer_budgets="10% 25% 50%"
+  task_flags=(--depths=0.1,0.3,0.5,0.7,0.9 --conv_lengths=1024,2048 --conv_keys=10)
+  sweep_flags=(--tasks=passkey --lengths=1024 --depths=0.1,0.3,0.5,0.7,0.9)
+  press_presses=()
 fi
+answer_budget="25%" press_kept=0.25 sweep_budgets="10% 50%"
 answer_policies="window streaming_llm:sinks=4 h2o:sinks=4,recent=H tova:sinks=4
   scissorhands:sinks=4 h2o_page:sinks=4,recent=H snapkv:window=64"
 
 # "POLICY[:params]" x budgets -> --runs; recent=H is half the budget.
 runs() {
-  local policies="$1" budgets="$2" r="full"
+  local policies="$1" budgets="$2" r="${3-full}"
   for b in $budgets; do
     local half
     case "$b" in
@@ -87,36 +102,72 @@ runs() {
   echo "$r"
 }
 
-stage "perplexity: $ppl_tokens tokens of $(basename "$text"), positions=original"
-lm perplexity --text="$text" --max_tokens=$ppl_tokens --positions=original \
-  --json --runs="$(runs "$ppl_policies" "$ppl_budgets")" \
-  >"$raw/perplexity-original.json"
-stage "perplexity: positions=cache"
-lm perplexity --text="$text" --max_tokens=$ppl_tokens --positions=cache \
-  --json --runs="$(runs "$ppl_cache_policies" "$ppl_budgets")" \
-  >"$raw/perplexity-cache.json"
+# perplexity POSITIONS POLICIES: one batch, every run; its JSON when done.
+perplexity() {
+  local file="$raw/perplexity-$1.json"
+  if finished "$file"; then stage "perplexity, positions=$1: kept"; return; fi
+  stage "perplexity: $ppl_tokens tokens of $(basename "$text"), positions=$1"
+  lm perplexity --text="$text" --max_tokens=$ppl_tokens --positions="$1" \
+    --json --runs="$(runs "$2" "$ppl_budgets")" >"$file.part"
+  mv "$file.part" "$file"
+}
+perplexity original "$ppl_policies"
+perplexity cache "$ppl_cache_policies"
 
-stage "tasks (make_tasks.py --seed=$seed ${task_flags[*]})"
-python3 bench/lm/make_tasks.py --seed="$seed" "${task_flags[@]}" \
-  --out="$raw/tasks.jsonl"
-stage "answers: $(wc -l <"$raw/tasks.jsonl") tasks, positions=original"
-lm answer --tasks="$raw/tasks.jsonl" --positions=original --parallel=4 \
-  --runs="$(runs "$answer_policies" "$answer_budgets")" \
-  --out="$raw/answers-original.jsonl"
-
+# Answers, one context length at a time (a stopped full grid leaves whole
+# lengths done): kvkeep's policies, then kvpress's presses on the same tasks.
+# Each (task, run) is one line of answers-NAME.jsonl and each (task, press)
+# one row of press_tasks.csv; without --resume they start empty.
+[ $resume = 1 ] || rm -f "$raw"/answers-*.jsonl "$out"/press_*.csv
+press_ok=0
 if [ $press = 1 ] && [ -f bench/lm/press_eval.py ] && [ -x scripts/kvpress-env ]; then
-  stage "kvpress (bench/lm/press_eval.py)"
+  press_ok=1
   py="$(scripts/kvpress-env | tail -n 1)"
-  q=()
+  if ! finished "$out/press_baseline.csv"; then
+    stage "kvpress: the full-cache baseline against kvkeep-lm --local"
+    "$py" bench/lm/press_eval.py baseline --text="$text" --max_tokens=1024 \
+      --kvkeep_lm=build/bin/kvkeep-lm --out="$out/press_baseline.csv"
+  fi
+fi
+
+# answers NAME RUNS MAKE_TASKS_FLAGS...: the tasks, every missing
+# (task, run), then kvpress on the same tasks (KEPT: its kept fractions).
+answers() {
+  local name="$1" runs="$2" tasks="$raw/tasks-$1.jsonl"
+  shift 2
+  python3 bench/lm/make_tasks.py --seed="$seed" "$@" --out="$tasks" 2>/dev/null
+  stage "answers ($name): $(wc -l <"$tasks") tasks x $(wc -w <<<"$runs") runs"
+  lm answer --tasks="$tasks" --positions=original --parallel=4 --resume \
+    --runs="$runs" --out="$raw/answers-${name%%-*}.jsonl"
+  [ $press_ok = 1 ] || return 0
+  local kept="${KEPT:-$press_kept}" q=()
+  stage "kvpress ($name): its pipeline on the same tasks, $kept kept"
   [ $quick = 1 ] && q=(--quick)
-  "$py" bench/lm/press_eval.py baseline --text="$text" --max_tokens=1024 \
-    --kvkeep_lm=build/bin/kvkeep-lm --out="$out/press_baseline.csv"
-  "$py" bench/lm/press_eval.py tasks --tasks="$raw/tasks.jsonl" "${q[@]}" \
-    --out="$out/press_tasks.csv"
-  "$py" bench/lm/press_eval.py perplexity --text="$text" \
-    --max_tokens=$ppl_tokens --out="$out/press_perplexity.csv"
+  "$py" bench/lm/press_eval.py tasks --tasks="$tasks" --kept="$kept" \
+    --resume "${q[@]}" --out="$out/press_tasks.csv"
+}
+main_runs="$(runs "$answer_policies" "$answer_budget")"
+if [ $quick = 1 ]; then
+  answers main "$main_runs" "${task_flags[@]}"
+else
+  answers main-1024 "$main_runs" "${task_flags[@]}" --lengths=1024 --conv_lengths=1024
+  KEPT=0.1,0.5 answers budgets "$(runs "$answer_policies" "$sweep_budgets" "")" \
+    "${sweep_flags[@]}"
+  answers main-2048 "$main_runs" "${task_flags[@]}" --lengths=2048 --conv_lengths=2048
+  answers main-4096 "$main_runs" "${task_flags[@]}" --lengths=4096 --tasks=passkey
+fi
+
+if [ $press_ok = 1 ]; then
+  "$py" bench/lm/press_eval.py summary --csv="$out/press_tasks.csv" \
+    --out="$out/press_tasks.md" >/dev/null
+  if ! finished "$out/press_perplexity.csv"; then
+    stage "kvpress: DecodingPress on $ppl_tokens tokens"
+    "$py" bench/lm/press_eval.py perplexity --text="$text" "${press_presses[@]}" \
+      --max_tokens=$ppl_tokens --out="$out/press_perplexity.csv.part"
+    mv "$out/press_perplexity.csv.part" "$out/press_perplexity.csv"
+  fi
 fi
 
 stage "tables and plots"
-python3 bench/lm/report.py --raw="$raw" --out="$out" --heatmap_budget=25%
+python3 bench/lm/report.py --raw="$raw" --out="$out" --heatmap_budget="$answer_budget"
 stage "done: $out"

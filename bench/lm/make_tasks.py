@@ -244,7 +244,7 @@ def conversation_pair(length, k, seed):
         last, chat = talk(rng, last)
         if t == fact_turn:
             fact = (f"User: {state.format(v=value)} Please remember it.\n"
-                    "Assistant: Got it, I will remember that.\n")
+                    f"Assistant: Got it. {lead} {value}.\n")
             body.append((fact, fact))
         elif t in ask_turns:
             ask = rng.choice(ASK_BACK).format(ref=ref)

@@ -234,11 +234,18 @@ def cmd_tasks(a):
               "question_tokens", "kept_tokens", "kv_bytes", "kv_bytes_seen",
               "exact_match", "answer_logprob", "answer", "output", "seconds",
               "cpu_seconds"]
+    done = set()
+    if a.resume and os.path.exists(a.out):  # keep the rows already there
+        with open(a.out, encoding="utf-8") as f:
+            done = {(r["id"], r["press"], float(r["kept_fraction"]))
+                    for r in csv.DictReader(f) if r.get("cpu_seconds")}
+        jobs = [(t, p, k) for t, p, k in jobs if (t["id"], p, k) not in done]
     cached_ids = {}
     start = time.time()
-    with open(a.out, "w", newline="", encoding="utf-8") as out:
+    with open(a.out, "a" if done else "w", newline="", encoding="utf-8") as out:
         w = csv.DictWriter(out, fieldnames=fields)
-        w.writeheader()
+        if not done:
+            w.writeheader()
         for i, (t, p, k) in enumerate(jobs):
             progress(i, len(jobs), start, f"{t['id']} {p}@{k}")
             if t["id"] not in cached_ids:
@@ -478,6 +485,8 @@ def main():
                    help="fractions of the context's KV kept "
                         "(default 0.1,0.25,0.5; --quick 0.25)")
     t.add_argument("--out", default=os.path.join(RESULTS, "press_tasks.csv"))
+    t.add_argument("--resume", action="store_true",
+                   help="keep the rows --out already holds; run the rest")
     p = sub.add_parser("perplexity", parents=[common])
     p.add_argument("--text", default="/usr/share/common-licenses/GPL-3")
     p.add_argument("--max_tokens", type=int, default=1024)

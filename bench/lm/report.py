@@ -35,6 +35,7 @@ COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
            "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#000000", "#006d2c",
            "#fd8d3c", "#3f007d", "#67000d", "#08306b"]
 POINTS = [7, 5, 9, 11, 13, 4, 6, 8, 10, 12, 14, 1, 2, 3, 15, 16]
+SHAPES = [(7, 6), (5, 4), (9, 8), (11, 10), (13, 12), (15, 14)]
 
 
 def parse_run(run):
@@ -252,7 +253,8 @@ def passkey_md(cells, rows):
 def conversation_md(rows):
     lengths = sorted({r["length"] for r in rows})
     cols = [(l, k) for l in lengths for k in ("repeated", "once")]
-    out = ["### Conversation recall: exact match (n) per length and kind\n",
+    out = ["### Conversation recall: exact match (mean log-probability of the "
+           "answer) per length and kind\n",
            "| positions | run | " + " | ".join(f"{l} {k}" for l, k in cols)
            + " |",
            "|---|---|" + "---:|" * len(cols)]
@@ -262,7 +264,8 @@ def conversation_md(rows):
             g = [r for r in rows if r["run"] == run and r["length"] == l and
                  r["kind"] == k and r["positions"] == positions]
             cells.append(f"{sum(r['exact'] for r in g) / len(g):.2f} "
-                         f"({len(g)})" if g else "–")
+                         f"({sum(r['answer_logprob'] for r in g) / len(g):.1f})"
+                         f" n={len(g)}" if g else "–")
         out.append(f"| {positions} | {run} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
@@ -321,6 +324,134 @@ def heatmap_png(cells, out_dir, budget):
     os.remove(data)
 
 
+def passkey_budget_md(rows):
+    """Accuracy per policy and budget, over the tasks every budget ran."""
+    budgets = []
+    for r in rows:
+        if r["budget"] != "all" and r["budget"] not in budgets:
+            budgets.append(r["budget"])
+    if len(budgets) < 2:
+        return ""
+    budgets.sort(key=lambda b: float(b.rstrip("%")))
+    ids = None
+    for b in budgets:
+        have = {r["id"] for r in rows if r["budget"] == b}
+        ids = have if ids is None else ids & have
+    sel = [r for r in rows if r["id"] in ids]
+    lengths = sorted({r["length"] for r in sel})
+    out = [f"### Passkey retrieval by budget: exact match (mean log-probability"
+           f" of the key), {', '.join(map(str, lengths))} tokens, the "
+           f"{len(ids)} tasks every budget ran\n",
+           "| policy | " + " | ".join(budgets) + " |",
+           "|---|" + "---:|" * len(budgets)]
+    variants = []
+    for r in sel:
+        if r["variant"] not in variants and r["budget"] != "all":
+            variants.append(r["variant"])
+    for v in variants:
+        cells = []
+        for b in budgets:
+            g = [r for r in sel if r["variant"] == v and r["budget"] == b]
+            cells.append(f"{sum(r['exact'] for r in g) / len(g):.2f} "
+                         f"({sum(r['answer_logprob'] for r in g) / len(g):.1f})"
+                         if g else "–")
+        out.append(f"| {v} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def press_rows(path):
+    """kvpress's rows (press_eval.py tasks) in answer_rows' terms."""
+    if not os.path.exists(path):
+        return []
+    rows = []
+    for r in csv.DictReader(open(path, encoding="utf-8")):
+        kept = float(r["kept_fraction"])
+        rows.append({
+            "id": r["id"], "task": r["task"], "length": int(r["length"]),
+            "side": "kvpress", "method": r["press"],
+            "budget": "all" if r["press"] == "full" else f"{kept * 100:g}%",
+            "exact": int(r["exact_match"]),
+            "answer_logprob": float(r["answer_logprob"]),
+            "resident_kv_bytes": int(r["kv_bytes"])})
+    return rows
+
+
+def versus_rows(answers, press, budget):
+    """kvkeep's runs and kvpress's presses at `budget` (and full), on the
+    passkey tasks both sides answered."""
+    ours = [dict(r, side="kvkeep", method=r["variant"]) for r in answers
+            if r["task"] == "passkey" and r["budget"] in (budget, "all")]
+    theirs = [r for r in press
+              if r["task"] == "passkey" and r["budget"] in (budget, "all")]
+    both = {r["id"] for r in ours} & {r["id"] for r in theirs}
+    return [r for r in ours + theirs if r["id"] in both]
+
+
+def versus_md(rows, budget):
+    lengths = sorted({r["length"] for r in rows})
+    n = len({r["id"] for r in rows})
+    out = [f"### kvkeep and kvpress on the same {n} passkey tasks, "
+           f"{budget} of the context kept: exact match (mean KV MiB held)\n",
+           "| side | method | " + " | ".join(f"{l} tokens" for l in lengths)
+           + " | all |", "|---|---|" + "---:|" * (len(lengths) + 1)]
+    methods = []
+    for r in rows:
+        if (r["side"], r["method"]) not in methods:
+            methods.append((r["side"], r["method"]))
+    for side, method in methods:
+        cells = []
+        for l in lengths + [None]:
+            g = [r for r in rows if r["side"] == side and r["method"] == method
+                 and (l is None or r["length"] == l)]
+            cells.append(f"{sum(r['exact'] for r in g) / len(g):.2f} "
+                         f"({sum(r['resident_kv_bytes'] for r in g) / len(g) / 2**20:.1f})"
+                         if g else "–")
+        out.append(f"| {side} | {method} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def versus_png(rows, out_dir, budget):
+    """Accuracy against the KV bytes held, every method a point per length:
+    kvkeep filled, kvkeep-press open."""
+    methods = []
+    for r in rows:
+        if (r["side"], r["method"]) not in methods:
+            methods.append((r["side"], r["method"]))
+    lengths = sorted({r["length"] for r in rows})
+    data = os.path.join(out_dir, "versus.dat")
+    with open(data, "w") as f:
+        for side, method in methods:
+            f.write(f"# {side} {method}\n")
+            for l in lengths:
+                g = [r for r in rows if r["side"] == side and
+                     r["method"] == method and r["length"] == l]
+                if g:
+                    f.write(f"{sum(r['resident_kv_bytes'] for r in g) / len(g) / 2**20} "
+                            f"{sum(r['exact'] for r in g) / len(g)}\n")
+            f.write("\n\n")
+    png = os.path.join(out_dir, "passkey_vs_kvpress.png")
+    lines = [
+        'set terminal pngcairo size 1000,650 font ",11" noenhanced',
+        f"set output '{png}'", "set logscale x", "set grid",
+        "set yrange [-0.05:1.05]",
+        "set xlabel 'KV held when the question is asked (MiB, mean per length)'",
+        "set ylabel 'passkey exact match'", "set key outside right top",
+        f"set title 'Passkey at {budget} of the context (lines join the "
+        f"lengths {', '.join(map(str, lengths))}): kvkeep filled, "
+        "kvpress open'"]
+    plots = []
+    for i, (side, method) in enumerate(methods):
+        # gnuplot's filled/open pairs: circle, square, triangles, diamond,
+        # pentagon.
+        filled, hollow = SHAPES[i % len(SHAPES)]
+        c, pt = COLOURS[i % len(COLOURS)], filled if side == "kvkeep" else hollow
+        plots.append(f"'{data}' index {i} using 1:2 with linespoints lw 2 "
+                     f"pt {pt} ps 1.5 lc rgb '{c}' title '{side} {method}'")
+    lines.append("plot " + ", \\\n  ".join(plots))
+    gnuplot("\n".join(lines) + "\n")
+    os.remove(data)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--raw", required=True)
@@ -346,6 +477,19 @@ def main():
         open(os.path.join(a.out, "passkey.md"), "w").write(
             passkey_md(cells, passkey))
         heatmap_png(cells, a.out, a.heatmap_budget)
+        budget_md = passkey_budget_md(passkey)
+        if budget_md:
+            open(os.path.join(a.out, "passkey_budgets.md"), "w").write(
+                budget_md)
+        versus = versus_rows(answers, press_rows(
+            os.path.join(a.out, "press_tasks.csv")), a.heatmap_budget)
+        if versus:
+            write_csv(os.path.join(a.out, "passkey_vs_kvpress.csv"), versus,
+                      ["side", "method", "id", "length", "budget", "exact",
+                       "answer_logprob", "resident_kv_bytes"])
+            open(os.path.join(a.out, "passkey_vs_kvpress.md"), "w").write(
+                versus_md(versus, a.heatmap_budget))
+            versus_png(versus, a.out, a.heatmap_budget)
     conv = [r for r in answers if r["task"] == "conversation"]
     if conv:
         cells = summarise(conv, ["positions", "run", "variant", "budget",

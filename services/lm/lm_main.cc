@@ -23,8 +23,10 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -102,6 +104,9 @@ ABSL_FLAG(std::string, out, "",
 ABSL_FLAG(int64_t, parallel, 4,
           "answer: tasks in one batch (each with every run)");
 ABSL_FLAG(int64_t, answer_tokens, 8, "answer: greedy tokens per answer");
+ABSL_FLAG(bool, resume, false,
+          "answer: keep the (task, run) lines already in --out and append "
+          "only the missing ones (a long grid stopped part way goes on)");
 
 namespace kvkeep::lm {
 namespace {
@@ -614,16 +619,57 @@ nlohmann::json AnswerLine(const TaskLine& task, const RunSpec& run,
   return line;
 }
 
+// --resume: drops from `tasks` the (task, run) pairs whose lines `path`
+// already holds, and the tasks left with no run. A line that does not parse
+// (a run stopped while writing it) counts for nothing.
+absl::Status DropAnswered(const std::string& path,
+                          std::vector<TaskLine>& tasks) {
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) return absl::OkStatus();  // nothing answered yet
+  absl::flat_hash_set<std::pair<std::string, std::string>> done;
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    const nlohmann::json json = nlohmann::json::parse(line, nullptr, false);
+    if (!json.is_object() || !json.contains("id") || !json.contains("run") ||
+        !json["id"].is_string() || !json["run"].is_string()) {
+      continue;
+    }
+    done.emplace(json["id"].get<std::string>(), json["run"].get<std::string>());
+  }
+  for (TaskLine& task : tasks) {
+    const std::string id = task.json["id"].get<std::string>();
+    std::erase_if(task.runs, [&](const RunSpec& run) {
+      return done.contains(std::make_pair(id, run.spec));
+    });
+  }
+  std::erase_if(tasks, [](const TaskLine& task) { return task.runs.empty(); });
+  return absl::OkStatus();
+}
+
 absl::Status AnswerCommand() {
   Setup setup;
   if (absl::Status s = OpenFile(setup); !s.ok()) return s;
   absl::StatusOr<std::vector<TaskLine>> tasks = ReadTasks(*setup.tokenizer);
   if (!tasks.ok()) return tasks.status();
   if (tasks->empty()) return absl::InvalidArgumentError("no tasks");
+  const bool resume = absl::GetFlag(FLAGS_resume);
+  if (resume) {
+    if (absl::GetFlag(FLAGS_out).empty()) {
+      return absl::InvalidArgumentError("--resume needs --out=FILE");
+    }
+    if (absl::Status s = DropAnswered(absl::GetFlag(FLAGS_out), *tasks);
+        !s.ok()) {
+      return s;
+    }
+    if (tasks->empty()) {
+      std::fprintf(stderr, "every (task, run) is already in %s\n",
+                   absl::GetFlag(FLAGS_out).c_str());
+      return absl::OkStatus();
+    }
+  }
   if (absl::Status s = Connect(setup); !s.ok()) return s;
   FILE* out = stdout;
   if (!absl::GetFlag(FLAGS_out).empty()) {
-    out = std::fopen(absl::GetFlag(FLAGS_out).c_str(), "w");
+    out = std::fopen(absl::GetFlag(FLAGS_out).c_str(), resume ? "a" : "w");
     if (out == nullptr) {
       return absl::NotFoundError(
           absl::StrCat("cannot write ", absl::GetFlag(FLAGS_out)));
