@@ -3,6 +3,7 @@
 #include "services/cli/output.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -88,9 +89,9 @@ std::string Bytes(int64_t bytes) {
 std::string LeaseText(const v1::SessionStats& s) {
   if (s.idle_timeout_seconds() <= 0) return "never";
   if (s.lease_held()) return "held";
-  // Whole seconds: a table cell, not a measurement.
+  // Whole seconds, rounded: a table cell, not a measurement.
   return absl::FormatDuration(
-      absl::Seconds(static_cast<int64_t>(s.lease_seconds_left())));
+      absl::Seconds(std::llround(s.lease_seconds_left())));
 }
 
 json LayoutJson(const v1::Layout& l) {
