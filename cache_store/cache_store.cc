@@ -34,6 +34,7 @@ absl::StatusOr<std::unique_ptr<CacheStore>> CacheStore::Create(
   if (options.max_sessions < 1) {
     return absl::InvalidArgumentError("max_sessions must be at least 1");
   }
+  if (absl::Status s = ValidateLeaseOptions(options.lease); !s.ok()) return s;
   std::unique_ptr<CacheStore> store(new CacheStore(options));
   absl::flat_hash_set<std::string> names;
   for (const PoolSpec& spec : options.pools) {
@@ -114,13 +115,18 @@ absl::StatusOr<std::shared_ptr<PageQuota>> CacheStore::Admit(
 
 void CacheStore::Register(std::unique_ptr<Session> session,
                           const std::string& tenant, PolicySpec policy,
-                          const std::string& idempotency_key) {
+                          const std::string& idempotency_key,
+                          absl::Duration idle_timeout) {
   const SessionId id = session->id();
   ++tenants_[tenant].sessions;
+  const absl::Time now = clock_->Now();
   auto entry = std::make_shared<Entry>(
       SessionInfo{id, tenant, session->layout().name,
                   std::string(session->policy().name())},
-      std::move(policy), idempotency_key);
+      std::move(policy), idempotency_key, idle_timeout, now);
+  if (idle_timeout != absl::ZeroDuration()) {
+    next_expiry_ = std::min(next_expiry_, now + idle_timeout);
+  }
   {
     absl::MutexLock entry_lock(&entry->mu);
     entry->session = std::move(session);
@@ -142,6 +148,9 @@ absl::StatusOr<SessionId> CacheStore::CreateSession(const SessionSpec& spec) {
   absl::StatusOr<std::vector<int64_t>> budgets = LayerBudgets(
       spec.budget, (*pool)->layout.num_layers, (*policy)->protected_tokens());
   if (!budgets.ok()) return budgets.status();
+  absl::StatusOr<absl::Duration> idle_timeout =
+      ResolveIdleTimeout(options_.lease, spec.tenant, spec.idle_timeout);
+  if (!idle_timeout.ok()) return idle_timeout.status();
 
   absl::MutexLock lock(&mu_);
   if (!spec.idempotency_key.empty()) {
@@ -156,7 +165,8 @@ absl::StatusOr<SessionId> CacheStore::CreateSession(const SessionSpec& spec) {
       id, (*pool)->layout, (*pool)->pages.get(), *std::move(policy),
       *std::move(budgets), *std::move(quota));
   if (!session.ok()) return session.status();
-  Register(*std::move(session), spec.tenant, spec.policy, spec.idempotency_key);
+  Register(*std::move(session), spec.tenant, spec.policy, spec.idempotency_key,
+           *idle_timeout);
   return id;
 }
 
@@ -210,12 +220,13 @@ absl::StatusOr<SessionId> CacheStore::ImportSession(
 }
 
 absl::StatusOr<SessionSnapshot> CacheStore::FreezeForTransfer(SessionId id) {
+  // A call like any other: it renews the lease (or finds it run out).
+  if (absl::Status s = Find(id).status(); !s.ok()) return s;
   {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(id);
-    if (it == sessions_.end()) {
-      return absl::NotFoundError(absl::StrCat(SessionLabel(id), " not found"));
-    }
+    if (it == sessions_.end()) return NotFoundLocked(id);
+    // From here the transfer holds the lease (Expired).
     if (it->second->transferring.exchange(true)) {
       return absl::FailedPreconditionError(
           absl::StrCat(SessionLabel(id), " is already being transferred"));
@@ -276,7 +287,7 @@ absl::Status CacheStore::FinishTransfer(SessionId id, bool committed) {
     absl::MutexLock lock(&(*entry)->note_mu);
     (*entry)->transfer_note.clear();
   }
-  (*entry)->transferring = false;
+  Unpin(**entry, Pin::kTransfer);  // its idle time starts now
   return absl::OkStatus();
 }
 
@@ -368,18 +379,152 @@ absl::StatusOr<SessionId> CacheStore::CommitImport(
         absl::StrCat(SessionLabel(snapshot.id), " already exists here"));
   }
   if (absl::Status s = Admit(snapshot.tenant).status(); !s.ok()) return s;
-  Register(std::move(pending->session_), snapshot.tenant, snapshot.policy, "");
+  // An imported session starts a lease of this store's default for its
+  // tenant (the default cannot fail to resolve).
+  const absl::Duration idle_timeout =
+      ResolveIdleTimeout(options_.lease, snapshot.tenant, absl::ZeroDuration())
+          .value_or(absl::ZeroDuration());
+  Register(std::move(pending->session_), snapshot.tenant, snapshot.policy, "",
+           idle_timeout);
   return snapshot.id;
 }
 
 absl::StatusOr<std::shared_ptr<CacheStore::Entry>> CacheStore::Find(
-    SessionId id) const {
-  absl::MutexLock lock(&mu_);
-  auto it = sessions_.find(id);
-  if (it == sessions_.end()) {
-    return absl::NotFoundError(absl::StrCat(SessionLabel(id), " not found"));
+    SessionId id, Access access) {
+  std::shared_ptr<Entry> expired;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) return NotFoundLocked(id);
+    Entry& entry = *it->second;
+    const absl::Time now = clock_->Now();
+    if (!Expired(entry, now)) {
+      if (access != Access::kPeek) {
+        entry.last_call_ns = absl::ToUnixNanos(now);
+      }
+      if (access == Access::kHold) ++entry.holds;
+      return it->second;
+    }
+    expired = Expire(it);
   }
-  return it->second;
+  return FreeExpired(*expired);
+}
+
+absl::Status CacheStore::FreeExpired(Entry& entry) {
+  ExpiredSession report{entry.info, entry.idle_timeout, Free(entry)};
+  absl::MutexLock lock(&mu_);
+  // Bounded like the memory of expired ids, should nobody drain it.
+  if (static_cast<int64_t>(unreported_.size()) >=
+      std::max<int64_t>(1, options_.lease.remembered_expiries)) {
+    unreported_.erase(unreported_.begin());
+  }
+  unreported_.push_back(std::move(report));
+  return NotFoundLocked(entry.info.id);
+}
+
+bool CacheStore::Expired(const Entry& entry, absl::Time now) {
+  return entry.idle_timeout != absl::ZeroDuration() && entry.holds == 0 &&
+         !entry.transferring && now - entry.last_call() >= entry.idle_timeout;
+}
+
+LeaseStatus CacheStore::LeaseOf(const Entry& entry, absl::Time now) {
+  LeaseStatus lease;
+  lease.idle_timeout = entry.idle_timeout;
+  lease.held = entry.holds > 0 || entry.transferring;
+  if (entry.idle_timeout == absl::ZeroDuration()) return lease;
+  lease.left = lease.held
+                   ? entry.idle_timeout
+                   : std::max(absl::ZeroDuration(),
+                              entry.last_call() + entry.idle_timeout - now);
+  return lease;
+}
+
+std::shared_ptr<CacheStore::Entry> CacheStore::Expire(EntryMap::iterator it) {
+  const Entry& entry = *it->second;
+  expired_.Add(entry.info.id, entry.info.tenant, entry.idle_timeout);
+  ++tenants_[entry.info.tenant].expired;
+  return Unregister(it);
+}
+
+void CacheStore::Unpin(Entry& entry, Pin pin) {
+  absl::MutexLock lock(&mu_);
+  if (pin == Pin::kHold) {
+    --entry.holds;
+  } else {
+    entry.transferring = false;
+  }
+  const absl::Time now = clock_->Now();
+  entry.last_call_ns = absl::ToUnixNanos(now);
+  if (entry.idle_timeout != absl::ZeroDuration()) {
+    next_expiry_ = std::min(next_expiry_, now + entry.idle_timeout);
+  }
+}
+
+absl::Status CacheStore::NotFoundLocked(SessionId id) const {
+  if (const ExpiredSessions::Record* r = expired_.Find(id); r != nullptr) {
+    return ExpiredSessions::NotFound(id, *r);
+  }
+  return absl::NotFoundError(absl::StrCat(SessionLabel(id), " not found"));
+}
+
+absl::Status CacheStore::NotFound(SessionId id) const {
+  absl::MutexLock lock(&mu_);
+  return NotFoundLocked(id);
+}
+
+std::optional<std::string> CacheStore::ExpiredTenant(SessionId id) const {
+  absl::MutexLock lock(&mu_);
+  const ExpiredSessions::Record* r = expired_.Find(id);
+  if (r == nullptr) return std::nullopt;
+  return r->tenant;
+}
+
+absl::StatusOr<LeaseStatus> CacheStore::KeepAlive(SessionId id) {
+  absl::StatusOr<std::shared_ptr<Entry>> entry = Find(id);
+  if (!entry.ok()) return entry.status();
+  return LeaseOf(**entry, clock_->Now());
+}
+
+absl::StatusOr<std::unique_ptr<CacheStore::LeaseHold>> CacheStore::HoldLease(
+    SessionId id) {
+  absl::StatusOr<std::shared_ptr<Entry>> entry = Find(id, Access::kHold);
+  if (!entry.ok()) return entry.status();
+  return std::unique_ptr<LeaseHold>(new LeaseHold(this, *std::move(entry)));
+}
+
+std::vector<ExpiredSession> CacheStore::ExpireIdle() {
+  std::vector<std::shared_ptr<Entry>> expired;
+  std::vector<ExpiredSession> out;
+  {
+    absl::MutexLock lock(&mu_);
+    out.swap(unreported_);
+    const absl::Time now = clock_->Now();
+    if (now < next_expiry_) return out;
+    absl::Time next = absl::InfiniteFuture();
+    for (auto it = sessions_.begin(); it != sessions_.end();) {
+      const Entry& entry = *it->second;
+      if (Expired(entry, now)) {
+        expired.push_back(Expire(it++));  // erasing keeps `it` valid
+        continue;
+      }
+      if (entry.idle_timeout != absl::ZeroDuration() && entry.holds == 0 &&
+          !entry.transferring) {
+        next = std::min(next, entry.last_call() + entry.idle_timeout);
+      }
+      ++it;
+    }
+    next_expiry_ = next;
+  }
+  for (const std::shared_ptr<Entry>& entry : expired) {
+    out.push_back(
+        ExpiredSession{entry->info, entry->idle_timeout, Free(*entry)});
+  }
+  return out;
+}
+
+absl::Duration CacheStore::TimeToNextExpiry() const {
+  absl::MutexLock lock(&mu_);
+  return std::max(absl::ZeroDuration(), next_expiry_ - clock_->Now());
 }
 
 template <typename Fn>
@@ -387,12 +532,12 @@ auto CacheStore::WithEntry(SessionId id, Fn fn)
     -> decltype(fn(std::declval<const Entry&>(), std::declval<Session&>())) {
   absl::StatusOr<std::shared_ptr<Entry>> entry = Find(id);
   if (!entry.ok()) return entry.status();
-  absl::MutexLock lock(&(*entry)->mu);
-  // Closed between Find and the lock: the session is gone.
-  if ((*entry)->session == nullptr) {
-    return absl::NotFoundError(absl::StrCat(SessionLabel(id), " not found"));
+  {
+    absl::MutexLock lock(&(*entry)->mu);
+    if ((*entry)->session != nullptr) return fn(**entry, *(*entry)->session);
   }
-  return fn(**entry, *(*entry)->session);
+  // Closed (or expired) between Find and the lock: the session is gone.
+  return NotFound(id);
 }
 
 template <typename Fn>
@@ -438,30 +583,44 @@ absl::Status CacheStore::CloseSession(SessionId id) {
 
 absl::Status CacheStore::Close(SessionId id, bool transferred) {
   std::shared_ptr<Entry> entry;
+  bool expired = false;
   {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(id);
-    if (it == sessions_.end()) {
-      return absl::NotFoundError(absl::StrCat(SessionLabel(id), " not found"));
-    }
+    if (it == sessions_.end()) return NotFoundLocked(id);
     if (it->second->transferring && !transferred) {
       return absl::UnavailableError(
           absl::StrCat(SessionLabel(id), it->second->Transferring(),
                        "; retry once the transfer is done"));
     }
-    entry = std::move(it->second);
-    sessions_.erase(it);
-    --tenants_[entry->info.tenant].sessions;
-    if (!entry->idempotency_key.empty()) {
-      idempotency_.erase(std::pair(entry->info.tenant, entry->idempotency_key));
-    }
-    if (options_.observer != nullptr) {
-      options_.observer->SessionClosed(entry->info);
-    }
+    expired = Expired(*it->second, clock_->Now());
+    entry = expired ? Expire(it) : Unregister(it);
   }
-  absl::MutexLock lock(&entry->mu);  // waits for a call in flight
-  entry->session.reset();
+  if (expired) return FreeExpired(*entry);
+  Free(*entry);
   return absl::OkStatus();
+}
+
+std::shared_ptr<CacheStore::Entry> CacheStore::Unregister(
+    EntryMap::iterator it) {
+  std::shared_ptr<Entry> entry = std::move(it->second);
+  sessions_.erase(it);
+  --tenants_[entry->info.tenant].sessions;
+  if (!entry->idempotency_key.empty()) {
+    idempotency_.erase(std::pair(entry->info.tenant, entry->idempotency_key));
+  }
+  if (options_.observer != nullptr) {
+    options_.observer->SessionClosed(entry->info);
+  }
+  return entry;
+}
+
+int64_t CacheStore::Free(Entry& entry) {
+  absl::MutexLock lock(&entry.mu);  // waits for a call in flight
+  if (entry.session == nullptr) return 0;
+  const int64_t pages = entry.session->stats().pages;
+  entry.session.reset();
+  return pages;
 }
 
 absl::StatusOr<StepResult> CacheStore::Append(SessionId id,
@@ -505,18 +664,29 @@ absl::StatusOr<LayerKvCopy> CacheStore::ReadLayer(SessionId id, int32_t layer) {
   return WithSession(id, [&](Session& s) { return s.ReadLayer(layer); });
 }
 
-absl::StatusOr<SessionStats> CacheStore::GetStats(SessionId id) {
-  absl::StatusOr<std::string> tenant = TenantOf(id);
-  if (!tenant.ok()) return tenant.status();
-  return WithSession(id, [&](Session& s) -> absl::StatusOr<SessionStats> {
-    SessionStats stats = s.stats();
-    stats.tenant = *tenant;
-    return stats;
-  });
+absl::StatusOr<SessionStats> CacheStore::GetStats(SessionId id,
+                                                  bool renew_lease) {
+  absl::StatusOr<std::shared_ptr<Entry>> entry =
+      Find(id, renew_lease ? Access::kRenew : Access::kPeek);
+  if (!entry.ok()) return entry.status();
+  SessionStats stats;
+  bool open = false;
+  {
+    absl::MutexLock lock(&(*entry)->mu);
+    open = (*entry)->session != nullptr;
+    if (open) stats = (*entry)->session->stats();
+  }
+  if (!open) return NotFound(id);  // closed since Find
+  stats.tenant = (*entry)->info.tenant;
+  const LeaseStatus lease = LeaseOf(**entry, clock_->Now());
+  stats.idle_timeout = lease.idle_timeout;
+  stats.lease_left = lease.left;
+  stats.lease_held = lease.held;
+  return stats;
 }
 
-absl::StatusOr<std::string> CacheStore::TenantOf(SessionId id) const {
-  absl::StatusOr<std::shared_ptr<Entry>> entry = Find(id);
+absl::StatusOr<std::string> CacheStore::TenantOf(SessionId id) {
+  absl::StatusOr<std::shared_ptr<Entry>> entry = Find(id, Access::kPeek);
   if (!entry.ok()) return entry.status();
   return (*entry)->info.tenant;
 }
@@ -541,7 +711,7 @@ std::vector<TenantStats> CacheStore::Tenants() const {
   std::vector<TenantStats> out;
   for (const auto& [name, tenant] : tenants_) {
     out.push_back(TenantStats{name, tenant.sessions, tenant.quota->used_bytes(),
-                              tenant.quota->rejections()});
+                              tenant.quota->rejections(), tenant.expired});
   }
   std::sort(out.begin(), out.end(),
             [](const TenantStats& a, const TenantStats& b) {

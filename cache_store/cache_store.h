@@ -5,6 +5,10 @@
 // the session map's lock is held only to find, add or remove a session, never
 // while a session works, so sessions do not wait on each other except for
 // page allocation inside a pool.
+//
+// Every session has a lease (lease.h): each call that names it renews it,
+// and one idle past its timeout is closed, by ExpireIdle (kvkeepd's reaper
+// thread) or by the first call that finds it so, whichever comes first.
 #ifndef KVKEEP_CACHE_STORE_CACHE_STORE_H_
 #define KVKEEP_CACHE_STORE_CACHE_STORE_H_
 
@@ -12,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +26,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "cache_store/lease.h"
 #include "cache_store/model_layout.h"
 #include "cache_store/page_pool.h"
 #include "cache_store/page_quota.h"
@@ -53,6 +60,8 @@ struct StoreOptions {
   // Pools another process on this machine can map (SharePool). Host pools
   // then live in POSIX shared memory.
   bool share_pools = false;
+  // Session leases: the default and per-tenant idle timeouts, the clock.
+  LeaseOptions lease;
 };
 
 // How another process maps a layout's pool (CacheStore::SharePool).
@@ -69,6 +78,7 @@ struct TenantStats {
   int64_t sessions = 0;
   int64_t bytes = 0;  // pages held, in bytes
   int64_t quota_rejections = 0;
+  int64_t expired_sessions = 0;  // closed by their lease, since the start
 };
 
 struct LayoutStats {
@@ -95,8 +105,9 @@ class CacheStore {
   // FAILED_PRECONDITION unless the store shares its pools.
   absl::StatusOr<PoolMapping> SharePool(const std::string& layout) const;
 
-  // NOT_FOUND for an unknown layout; INVALID_ARGUMENT for a bad policy or
-  // budget; RESOURCE_EXHAUSTED past max_sessions or the tenant's limit. A
+  // NOT_FOUND for an unknown layout; INVALID_ARGUMENT for a bad policy,
+  // budget or idle timeout (ResolveIdleTimeout); RESOURCE_EXHAUSTED past
+  // max_sessions or the tenant's limit. A
   // spec with an idempotency key that its tenant already used returns the
   // session that key created, if it is still open.
   absl::StatusOr<SessionId> CreateSession(const SessionSpec& spec);
@@ -198,10 +209,36 @@ class CacheStore {
       SessionId id, std::span<const LayerScores> window);
   absl::StatusOr<BlockTable> GetBlockTable(SessionId id, int32_t layer);
   absl::StatusOr<LayerKvCopy> ReadLayer(SessionId id, int32_t layer);
-  absl::StatusOr<SessionStats> GetStats(SessionId id);
+  // With the lease's state. `renew_lease` false: a look that is not a
+  // call on the session (a listing, a metrics scrape).
+  absl::StatusOr<SessionStats> GetStats(SessionId id, bool renew_lease = true);
 
-  // The tenant that created a session; NOT_FOUND if it does not exist.
-  absl::StatusOr<std::string> TenantOf(SessionId id) const;
+  // The tenant that created a session; NOT_FOUND if it does not exist (with
+  // "expired" in the message for an expired one). Does not renew the lease:
+  // the caller may not be the owner.
+  absl::StatusOr<std::string> TenantOf(SessionId id);
+  // The tenant of a session that expired, while the store remembers it.
+  std::optional<std::string> ExpiredTenant(SessionId id) const;
+
+  // Leases (lease.h). KeepAlive renews a session's lease and returns it;
+  // NOT_FOUND as every call.
+  absl::StatusOr<LeaseStatus> KeepAlive(SessionId id);
+  // Holds a session's lease while a stream serves it: it cannot expire until
+  // the hold is destroyed, and its idle time starts then. The hold must not
+  // outlive the store.
+  class LeaseHold;
+  absl::StatusOr<std::unique_ptr<LeaseHold>> HoldLease(SessionId id);
+  // Closes every session whose lease has run out, as CloseSession would,
+  // and returns them, with those that calls found expired and closed since
+  // the last ExpireIdle (each session is returned once). Cheap when none can
+  // have: it only compares the clock with the earliest deadline it knows;
+  // otherwise one pass over the map under its lock (reading each session's
+  // lease; no session's lock).
+  std::vector<ExpiredSession> ExpireIdle();
+  // Until the earliest lease could run out, by the store's clock
+  // (InfiniteDuration when no session has one running; never negative).
+  absl::Duration TimeToNextExpiry() const;
+  const LeaseOptions& lease_options() const { return options_.lease; }
 
   std::vector<SessionId> ListSessions() const;  // ascending ids
   std::vector<SessionInfo> Sessions() const;    // ascending ids
@@ -210,19 +247,29 @@ class CacheStore {
 
  private:
   struct Entry {
-    Entry(SessionInfo session_info, PolicySpec policy, std::string idempotency)
+    Entry(SessionInfo session_info, PolicySpec policy, std::string idempotency,
+          absl::Duration timeout, absl::Time now)
         : info(std::move(session_info)),
           policy_spec(std::move(policy)),
-          idempotency_key(std::move(idempotency)) {}
+          idempotency_key(std::move(idempotency)),
+          idle_timeout(timeout),
+          last_call_ns(absl::ToUnixNanos(now)) {}
     // Immutable: read without the lock.
     const SessionInfo info;
     const PolicySpec policy_spec;  // as created (name and parameters)
     const std::string idempotency_key;
+    const absl::Duration idle_timeout;  // ZeroDuration: never expires
+    // The lease: the store's clock at the last call, and the open holds.
+    // Written under the store's lock (so ExpireIdle sees a consistent
+    // state); atomic so that Stats can read them without it.
+    std::atomic<int64_t> last_call_ns;
+    std::atomic<int32_t> holds{0};
+    absl::Time last_call() const { return absl::FromUnixNanos(last_call_ns); }
     absl::Mutex mu;
     std::unique_ptr<Session> session ABSL_GUARDED_BY(mu);
-    // Set under the store's lock by FreezeForTransfer, cleared by
-    // FinishTransfer; read by operations under `mu` and by CloseSession
-    // under the store's lock.
+    // Set and cleared under the store's lock by FreezeForTransfer and
+    // FinishTransfer; read by operations under `mu` and by CloseSession and
+    // the lease checks under the store's lock.
     std::atomic<bool> transferring{false};
     // NoteTransfer's, while transferring.
     mutable absl::Mutex note_mu;
@@ -244,9 +291,16 @@ class CacheStore {
   struct Tenant {
     std::shared_ptr<PageQuota> quota;
     int64_t sessions = 0;
+    int64_t expired = 0;
   };
+  // How Find treats the session's lease.
+  enum class Access { kPeek, kRenew, kHold };
 
-  explicit CacheStore(const StoreOptions& options) : options_(options) {}
+  explicit CacheStore(const StoreOptions& options)
+      : options_(options),
+        clock_(options.lease.clock != nullptr ? options.lease.clock
+                                              : RealClock()),
+        expired_(options.lease.remembered_expiries) {}
   absl::StatusOr<const Pool*> FindPool(const std::string& layout) const;
   // CloseSession; `transferred` closes a frozen session too.
   absl::Status Close(SessionId id, bool transferred);
@@ -256,9 +310,37 @@ class CacheStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds a made session to the map, its tenant and the observer.
   void Register(std::unique_ptr<Session> session, const std::string& tenant,
-                PolicySpec policy, const std::string& idempotency_key)
+                PolicySpec policy, const std::string& idempotency_key,
+                absl::Duration idle_timeout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes a session out of the map, its tenant and the observer; the caller
+  // frees it (Free) once the lock is released.
+  using EntryMap = absl::flat_hash_map<SessionId, std::shared_ptr<Entry>>;
+  std::shared_ptr<Entry> Unregister(EntryMap::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<std::shared_ptr<Entry>> Find(SessionId id) const;
+  // Waits for a call in flight, then frees the session; its page count.
+  static int64_t Free(Entry& entry);
+  // Whether a session's lease has run out at `now` (a held one has not).
+  static bool Expired(const Entry& entry, absl::Time now);
+  static LeaseStatus LeaseOf(const Entry& entry, absl::Time now);
+  // Unregisters an expired session, remembering it and counting it.
+  std::shared_ptr<Entry> Expire(EntryMap::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees an expired session a call found, keeps it for ExpireIdle to
+  // report, and returns the NOT_FOUND the call gets.
+  absl::Status FreeExpired(Entry& entry) ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends a hold (a LeaseHold) or a transfer's pin and restarts the
+  // session's idle time, in one step under the store's lock: ExpireIdle
+  // must never see the pin gone with the old idle time.
+  enum class Pin { kHold, kTransfer };
+  void Unpin(Entry& entry, Pin pin) ABSL_LOCKS_EXCLUDED(mu_);
+  // NOT_FOUND for `id`: "expired" if it is remembered as such.
+  absl::Status NotFound(SessionId id) const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status NotFoundLocked(SessionId id) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The session, its lease renewed (or held) as `access` says; an expired
+  // one is closed here and NOT_FOUND.
+  absl::StatusOr<std::shared_ptr<Entry>> Find(SessionId id,
+                                              Access access = Access::kRenew);
   // Runs fn(const Entry&, Session&) under the session's lock.
   template <typename Fn>
   auto WithEntry(SessionId id, Fn fn)
@@ -274,15 +356,35 @@ class CacheStore {
       -> decltype(fn(std::declval<Session&>()));
 
   const StoreOptions options_;
+  const Clock* const clock_;
   std::vector<Pool> pools_;  // fixed after Create
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<SessionId, std::shared_ptr<Entry>> sessions_
-      ABSL_GUARDED_BY(mu_);
+  EntryMap sessions_ ABSL_GUARDED_BY(mu_);
+  ExpiredSessions expired_ ABSL_GUARDED_BY(mu_);
+  // No lease runs out before this (a lower bound: calls only push deadlines
+  // later; a new session or the end of a hold lowers it).
+  absl::Time next_expiry_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  // Sessions calls found expired and closed, not yet returned by ExpireIdle.
+  std::vector<ExpiredSession> unreported_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Tenant> tenants_ ABSL_GUARDED_BY(mu_);
   // (tenant, idempotency key) -> session.
   absl::flat_hash_map<std::pair<std::string, std::string>, SessionId>
       idempotency_ ABSL_GUARDED_BY(mu_);
   absl::BitGen rng_ ABSL_GUARDED_BY(mu_);  // session ids
+};
+
+class CacheStore::LeaseHold {
+ public:
+  ~LeaseHold() { store_->Unpin(*entry_, Pin::kHold); }
+  LeaseHold(const LeaseHold&) = delete;
+  LeaseHold& operator=(const LeaseHold&) = delete;
+
+ private:
+  friend class CacheStore;
+  LeaseHold(CacheStore* store, std::shared_ptr<Entry> entry)
+      : store_(store), entry_(std::move(entry)) {}
+  CacheStore* const store_;
+  const std::shared_ptr<Entry> entry_;
 };
 
 }  // namespace kvkeep

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "cache_store/budget.h"
 #include "cache_store/policy_params.h"
 #include "kernels/compaction.h"
@@ -49,6 +50,8 @@ struct SessionSpec {
   BudgetSpec budget;
   std::string tenant;           // who owns the session ("" without auth)
   std::string idempotency_key;  // optional: a retried create returns the same
+  // The session's lease (lease.h): ZeroDuration asks for the store's default.
+  absl::Duration idle_timeout;
 };
 
 // One layer's keys and values for the n tokens of an append, in the layout's
@@ -155,6 +158,12 @@ struct SessionStats {
   std::vector<int64_t> layer_resident;
   std::vector<int64_t> layer_budget;
   std::vector<uint64_t> layer_version;
+  // The lease (lease.h's LeaseStatus): ZeroDuration idle_timeout: it never
+  // expires; lease_left: until it expires if nothing calls it (idle_timeout
+  // while held by a stream or a transfer).
+  absl::Duration idle_timeout;
+  absl::Duration lease_left;
+  bool lease_held = false;
 };
 
 }  // namespace kvkeep

@@ -90,15 +90,18 @@ int Info(const KvKeepClient& kv) {
     for (const v1::PolicyInfo& p : info->policy_info()) {
       policies.push_back(PolicyJson(p));
     }
-    Print({{"server", absl::GetFlag(FLAGS_server)},
-           {"version", info->version()},
-           {"backend", info->backend()},
-           {"max_sessions", info->max_sessions()},
-           {"max_message_bytes", info->max_message_bytes()},
-           {"policies", Array(info->policies())},
-           {"policy_info", policies},
-           {"layouts", layouts},
-           {"pools", pools}});
+    Print(
+        {{"server", absl::GetFlag(FLAGS_server)},
+         {"version", info->version()},
+         {"backend", info->backend()},
+         {"max_sessions", info->max_sessions()},
+         {"max_message_bytes", info->max_message_bytes()},
+         {"default_idle_timeout_seconds", info->default_idle_timeout_seconds()},
+         {"max_idle_timeout_seconds", info->max_idle_timeout_seconds()},
+         {"policies", Array(info->policies())},
+         {"policy_info", policies},
+         {"layouts", layouts},
+         {"pools", pools}});
     return 0;
   }
   std::printf("kvkeepd %s at %s, backend %s\n", info->version().c_str(),
@@ -106,6 +109,14 @@ int Info(const KvKeepClient& kv) {
   std::printf("limits: %lld sessions, %s per message\n",
               static_cast<long long>(info->max_sessions()),
               Bytes(info->max_message_bytes()).c_str());
+  const auto seconds = [](double s) {
+    return absl::FormatDuration(absl::Seconds(s));
+  };
+  std::printf("leases: %s idle timeout by default, at most %s\n",
+              info->default_idle_timeout_seconds() > 0
+                  ? seconds(info->default_idle_timeout_seconds()).c_str()
+                  : "no",
+              seconds(info->max_idle_timeout_seconds()).c_str());
   PrintPolicies(*info);
   Table table({"LAYOUT", "LAYERS", "KV/Q HEADS", "HEAD_DIM", "DTYPE",
                "PAGE_TOKENS", "PAGE", "PAGES_USED", "PAGES", "POOL",
@@ -145,12 +156,13 @@ int Sessions(const KvKeepClient& kv) {
     return 0;
   }
   Table table({"SESSION", "LAYOUT", "POLICY", "TENANT", "RESIDENT", "PAGES",
-               "BYTES", "EVICTED"});
+               "BYTES", "EVICTED", "LEASE"});
   for (const v1::SessionStats& s : *sessions) {
     table.Add({s.session_id(), s.layout(), s.policy(),
                s.tenant().empty() ? "-" : s.tenant(),
                absl::StrCat(s.resident_tokens()), absl::StrCat(s.pages()),
-               Bytes(s.resident_bytes()), absl::StrCat(s.evicted_tokens())});
+               Bytes(s.resident_bytes()), absl::StrCat(s.evicted_tokens()),
+               LeaseText(s)});
   }
   table.Print();
   return 0;

@@ -3,11 +3,13 @@
 #include "services/cli/output.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "services/common/dtype_proto.h"
 
 namespace kvkeep::cli {
@@ -84,6 +86,14 @@ std::string Bytes(int64_t bytes) {
   return absl::StrCat(bytes, " B");
 }
 
+std::string LeaseText(const v1::SessionStats& s) {
+  if (s.idle_timeout_seconds() <= 0) return "never";
+  if (s.lease_held()) return "held";
+  // Whole seconds, rounded: a table cell, not a measurement.
+  return absl::FormatDuration(
+      absl::Seconds(std::llround(s.lease_seconds_left())));
+}
+
 json LayoutJson(const v1::Layout& l) {
   return {{"name", l.name()},
           {"num_layers", l.num_layers()},
@@ -110,7 +120,10 @@ json StatsJson(const v1::SessionStats& s) {
           {"compressed", s.compressed()},
           {"layer_resident", Array(s.layer_resident())},
           {"layer_budget", Array(s.layer_budget())},
-          {"layer_version", Array(s.layer_version())}};
+          {"layer_version", Array(s.layer_version())},
+          {"idle_timeout_seconds", s.idle_timeout_seconds()},
+          {"lease_seconds_left", s.lease_seconds_left()},
+          {"lease_held", s.lease_held()}};
 }
 
 void PrintStats(const v1::SessionStats& s) {
@@ -125,6 +138,14 @@ void PrintStats(const v1::SessionStats& s) {
       static_cast<long long>(s.evicted_tokens()), s.evicted_score(),
       static_cast<long long>(s.score_updates()),
       s.compressed() ? "; prompt compressed" : "");
+  if (s.idle_timeout_seconds() > 0) {
+    std::printf(
+        "lease: %s idle timeout, %s left\n\n",
+        absl::FormatDuration(absl::Seconds(s.idle_timeout_seconds())).c_str(),
+        LeaseText(s).c_str());
+  } else {
+    std::printf("lease: none (never expires)\n\n");
+  }
   Table table({"LAYER", "RESIDENT", "BUDGET", "VERSION"});
   for (int l = 0; l < s.layer_resident_size(); ++l) {
     table.Add(

@@ -53,6 +53,9 @@ class Table {
 std::string DTypeName(v1::DType dtype);
 // "512 B", "1.5 KiB", "2.0 MiB", "1.0 GiB".
 std::string Bytes(int64_t bytes);
+// A session's lease for a table cell: "never", "held" (by an open stream
+// or a transfer) or the time left, e.g. "59m58s".
+std::string LeaseText(const v1::SessionStats& s);
 
 // A repeated field (or any range) as a JSON array.
 template <typename Repeated>

@@ -65,18 +65,36 @@ absl::StatusOr<int64_t> Close(const Connection& connection,
   return unknown ? Session::kUnknownFreedPages : response.freed_pages();
 }
 
-absl::StatusOr<v1::SessionStats> Stats(const Connection& connection,
-                                       const std::string& session_id) {
-  v1::GetSessionStatsRequest request;
+// A read-only call that names one session: retried on UNAVAILABLE.
+template <typename Request, typename Response>
+absl::StatusOr<Response> SessionRead(
+    const Connection& connection, const char* method,
+    const std::string& session_id,
+    grpc::Status (v1::KvKeep::Stub::*rpc)(grpc::ClientContext*, const Request&,
+                                          Response*)) {
+  Request request;
   request.set_session_id(session_id);
-  v1::SessionStats stats;
-  absl::Status s = connection.Call("GetSessionStats", Retry::kOnUnavailable,
+  Response response;
+  absl::Status s = connection.Call(method, Retry::kOnUnavailable,
                                    [&](grpc::ClientContext& context, int) {
-                                     return connection.stub().GetSessionStats(
-                                         &context, request, &stats);
+                                     return (connection.stub().*rpc)(
+                                         &context, request, &response);
                                    });
   if (!s.ok()) return s;
-  return stats;
+  return response;
+}
+
+absl::StatusOr<v1::SessionStats> Stats(const Connection& connection,
+                                       const std::string& session_id) {
+  return SessionRead(connection, "GetSessionStats", session_id,
+                     &v1::KvKeep::Stub::GetSessionStats);
+}
+
+// A renewal twice is a renewal: retried as a read.
+absl::StatusOr<v1::KeepAliveResponse> KeepAlive(const Connection& connection,
+                                                const std::string& session_id) {
+  return SessionRead(connection, "KeepAlive", session_id,
+                     &v1::KvKeep::Stub::KeepAlive);
 }
 
 }  // namespace
@@ -474,6 +492,10 @@ absl::StatusOr<v1::SessionStats> Session::Stats() const {
   return client::Stats(*connection_, id_);
 }
 
+absl::StatusOr<v1::KeepAliveResponse> Session::KeepAlive() const {
+  return client::KeepAlive(*connection_, id_);
+}
+
 absl::StatusOr<v1::ServerInfo> Session::GetServerInfo() const {
   return connection_->GetServerInfo();
 }
@@ -586,6 +608,11 @@ absl::StatusOr<Session> KvKeepClient::OpenSession(
 absl::StatusOr<v1::SessionStats> KvKeepClient::GetSessionStats(
     const std::string& session_id) const {
   return client::Stats(*connection_, session_id);
+}
+
+absl::StatusOr<v1::KeepAliveResponse> KvKeepClient::KeepAlive(
+    const std::string& session_id) const {
+  return client::KeepAlive(*connection_, session_id);
 }
 
 absl::StatusOr<std::vector<v1::SessionStats>> KvKeepClient::ListSessions()

@@ -11,7 +11,8 @@
 // is sent again after a backoff only when sending it twice cannot change the
 // outcome:
 //   retried:     GetServerInfo, GetSessionStats, ListSessions,
-//                GetBlockTables, ReadKv (reads);
+//                GetBlockTables, ReadKv (reads); KeepAlive (a renewal
+//                twice is a renewal);
 //                CreateSession only with an idempotency_key (the server
 //                returns the first attempt's session to a retry);
 //                TransferSession (always with a transfer id: the target
@@ -283,6 +284,11 @@ class Session {
   absl::StatusOr<std::vector<LayerKvData>> ReadKv(
       absl::Span<const int32_t> layers = {}) const;
   absl::StatusOr<v1::SessionStats> Stats() const;
+  // Renews the session's lease (any call does; this one does nothing else):
+  // for a caller that holds the session between turns without calling it.
+  // The response says how long the lease now runs. NOT_FOUND, with
+  // "expired" in the message, once the lease has run out.
+  absl::StatusOr<v1::KeepAliveResponse> KeepAlive() const;
   // The server's description (GetServerInfo), e.g. what the session's
   // policy takes (ServerInfo.policy_info).
   absl::StatusOr<v1::ServerInfo> GetServerInfo() const;
@@ -316,13 +322,18 @@ class KvKeepClient {
 
   absl::StatusOr<v1::ServerInfo> GetServerInfo() const;
   // Creates a session and returns its handle (with its layout, from
-  // ServerInfo). Retried on UNAVAILABLE only with an idempotency_key.
+  // ServerInfo). Retried on UNAVAILABLE only with an idempotency_key. The
+  // session's lease: request.idle_timeout_seconds (0: the server's default).
   absl::StatusOr<Session> CreateSession(
       const v1::CreateSessionRequest& request) const;
   // A handle on an existing session (one this tenant may use).
   absl::StatusOr<Session> OpenSession(const std::string& session_id) const;
   absl::StatusOr<v1::SessionStats> GetSessionStats(
       const std::string& session_id) const;
+  // See Session::KeepAlive.
+  absl::StatusOr<v1::KeepAliveResponse> KeepAlive(
+      const std::string& session_id) const;
+  // Every session of the caller's tenant. Does not renew their leases.
   absl::StatusOr<std::vector<v1::SessionStats>> ListSessions() const;
   // See Session::Close.
   absl::StatusOr<int64_t> CloseSession(const std::string& session_id) const;

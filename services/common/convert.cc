@@ -1,6 +1,7 @@
 #include "services/common/convert.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 
 namespace kvkeep {
 namespace {
@@ -169,6 +170,9 @@ void StatsToProto(const SessionStats& in, v1::SessionStats* out) {
                                    in.layer_budget.end());
   out->mutable_layer_version()->Add(in.layer_version.begin(),
                                     in.layer_version.end());
+  out->set_idle_timeout_seconds(absl::ToDoubleSeconds(in.idle_timeout));
+  out->set_lease_seconds_left(absl::ToDoubleSeconds(in.lease_left));
+  out->set_lease_held(in.lease_held);
 }
 
 void BlockTableToProto(const BlockTable& in, v1::BlockTable* out) {
@@ -197,6 +201,9 @@ SessionSpec SpecFromProto(const v1::CreateSessionRequest& in) {
     spec.budget.pyramid_beta = in.budget().pyramid_beta();
   }
   spec.idempotency_key = in.idempotency_key();
+  // Out-of-range values saturate (to an infinite duration, which the store
+  // refuses as too long); NaN is the caller's to refuse first.
+  spec.idle_timeout = absl::Seconds(in.idle_timeout_seconds());
   return spec;
 }
 

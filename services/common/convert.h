@@ -35,7 +35,7 @@ void StatsToProto(const SessionStats& in, v1::SessionStats* out);
 void BlockTableToProto(const BlockTable& in, v1::BlockTable* out);
 
 // The domain spec of a create request (tenant and defaults filled by the
-// caller).
+// caller, who also refuses a NaN idle_timeout_seconds first).
 SessionSpec SpecFromProto(const v1::CreateSessionRequest& in);
 
 }  // namespace kvkeep

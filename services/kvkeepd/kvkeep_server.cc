@@ -85,6 +85,14 @@ StoreOptions StoreOptionsFor(const ServerConfig& config, const Device& device,
   options.max_sessions_per_tenant = config.max_sessions_per_tenant;
   options.max_bytes_per_tenant = config.max_bytes_per_tenant;
   options.unlimited_tenant = kSelfCheckTenant;
+  options.lease.default_idle_timeout =
+      absl::Seconds(config.session_idle_timeout_seconds);
+  for (const TenantToken& t : config.tenants) {
+    if (t.max_idle_timeout_seconds > 0) {
+      options.lease.tenant_max_idle_timeout[t.tenant] =
+          absl::Seconds(t.max_idle_timeout_seconds);
+    }
+  }
   return options;
 }
 
@@ -140,8 +148,11 @@ absl::Status KvKeepServer::Build(ServerHooks& hooks) {
   metrics_ = std::make_unique<StoreMetrics>(
       *registry_, config_.metrics_session_series, KVKEEP_VERSION);
   transfer_metrics_ = std::make_unique<TransferMetrics>(*registry_);
+  StoreOptions store_options =
+      StoreOptionsFor(config_, device_, metrics_.get());
+  store_options.lease.clock = hooks.clock;
   absl::StatusOr<std::unique_ptr<CacheStore>> store =
-      CacheStore::Create(StoreOptionsFor(config_, device_, metrics_.get()));
+      CacheStore::Create(store_options);
   if (!store.ok()) return store.status();
   store_ = *std::move(store);
   if (hooks.before_serving) {
@@ -174,6 +185,12 @@ absl::Status KvKeepServer::Build(ServerHooks& hooks) {
         std::make_unique<KvKeepService>(store_.get(), std::move(options));
     service = service_.get();
   }
+  // Every second at least: a lease is never shorter (kMinIdleTimeout).
+  reaper_ = std::make_unique<LeaseReaper>(
+      store_.get(), absl::Seconds(1),
+      [s = service_.get()](const ExpiredSession& expired) {
+        if (s != nullptr) s->LogExpired(expired);
+      });
   if (absl::Status s = Listen(service); !s.ok()) return s;
 
   if (config_.metrics_listen != "off") {
@@ -265,6 +282,7 @@ KvKeepServer::~KvKeepServer() {
   Stop(absl::Seconds(config_.drain_seconds));
   // The shutdown order of the header comment.
   server_.reset();
+  reaper_.reset();
   service_.reset();
   tcp_.reset();
   metrics_server_.reset();

@@ -6,21 +6,24 @@
 // store's metrics (StoreMetrics, the store's observer), the store
 // (CacheStore on the configured device), the data socket for incoming
 // transfers (TcpTransport, unless transfer_listen is "off"), the service
-// (KvKeepService; its TransferCoordinator holds the NCCL links), the gRPC
-// server (kvkeep.v1.KvKeep, grpc.health.v1.Health, server reflection, the
-// RPC-metrics interceptor) and the /metrics HTTP endpoint (unless
-// metrics_listen is "off").
+// (KvKeepService; its TransferCoordinator holds the NCCL links), the lease
+// reaper (LeaseReaper: closes sessions idle past their timeout, logging
+// each), the gRPC server (kvkeep.v1.KvKeep, grpc.health.v1.Health, server
+// reflection, the RPC-metrics interceptor) and the /metrics HTTP endpoint
+// (unless metrics_listen is "off").
 //
 // Shutdown, in this order and for these reasons:
 //   1. health NOT_SERVING: load balancers stop sending new calls;
 //   2. drain: the gRPC server finishes in-flight calls until the deadline,
 //      then cancels the rest, and waits for every reactor;
-//   3. the service: its destructor waits for outgoing transfers still
+//   3. the lease reaper (it logs through the service): joined after a pass
+//      in progress;
+//   4. the service: its destructor waits for outgoing transfers still
 //      sending and closes the NCCL links (nothing calls it any more);
-//   4. the data socket: the service held a pointer to it, and receives
+//   5. the data socket: the service held a pointer to it, and receives
 //      that were abandoned clean up on its threads, which it waits for;
-//   5. the /metrics endpoint: its collector reads the store;
-//   6. the store, then the metrics it reported to (its observer).
+//   6. the /metrics endpoint: its collector reads the store;
+//   7. the store, then the metrics it reported to (its observer).
 // Stop() does 1 and 2; the destructor does what is left (and 1-2 with
 // the configured drain_seconds if Stop was not called), so a test may stop
 // serving and still read the store.
@@ -43,6 +46,7 @@
 #include "grpcpp/server.h"
 #include "prometheus/registry.h"
 #include "services/kvkeepd/kvkeep_service.h"
+#include "services/kvkeepd/lease_reaper.h"
 #include "services/kvkeepd/server_config.h"
 #include "services/metrics/metrics_server.h"
 #include "services/metrics/store_metrics.h"
@@ -74,6 +78,9 @@ struct ServerHooks {
   // The service must outlive the KvKeepServer. With a stand-in there is no
   // data socket and edit_service_options is not called.
   std::function<grpc::Service*(CacheStore&)> stand_in;
+  // The clock the store's leases read (tests: a ManualClock); not owned,
+  // must outlive the server. Null: the steady clock.
+  const Clock* clock = nullptr;
 };
 
 class KvKeepServer {
@@ -119,6 +126,7 @@ class KvKeepServer {
   std::unique_ptr<CacheStore> store_;
   std::unique_ptr<TcpTransport> tcp_;
   std::unique_ptr<KvKeepService> service_;
+  std::unique_ptr<LeaseReaper> reaper_;
   std::unique_ptr<grpc::Server> server_;
   // The exposer holds collectables weakly: the collector is kept here.
   std::shared_ptr<StoreCollector> collector_;

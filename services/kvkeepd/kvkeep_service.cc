@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <optional>
 #include <thread>
@@ -173,7 +174,14 @@ absl::StatusOr<SessionId> KvKeepService::Authorize(
                      " is not a kvkeep session id (16 lowercase hex digits)"));
   }
   absl::StatusOr<std::string> owner = store_->TenantOf(*id);
-  if (!owner.ok()) return owner.status();
+  if (!owner.ok()) {
+    // Only its own tenant hears that a session expired.
+    if (std::optional<std::string> expired = store_->ExpiredTenant(*id);
+        expired.has_value() && *expired != tenant) {
+      return absl::NotFoundError(absl::StrCat(SessionLabel(*id), " not found"));
+    }
+    return owner.status();
+  }
   if (*owner != tenant) {
     // The answer a session that does not exist gets, word for word: the
     // code must not tell a tenant which of others' ids exist.
@@ -182,9 +190,24 @@ absl::StatusOr<SessionId> KvKeepService::Authorize(
   return *id;
 }
 
+void KvKeepService::LogExpired(const ExpiredSession& session) const {
+  // Always written: an expiry is what an operator looks for when a client
+  // forgot its sessions (one line per session, not per call).
+  WriteEvent("session_expired",
+             absl::StrCat("session=", SessionName(session.info.id),
+                          " tenant=", LogValue(session.info.tenant),
+                          " idle_timeout_seconds=",
+                          absl::ToDoubleSeconds(session.idle_timeout),
+                          " freed_pages=", session.freed_pages));
+}
+
 void KvKeepService::LogEvent(absl::string_view event,
                              absl::string_view fields) const {
-  if (!options_.log_events) return;
+  if (options_.log_events) WriteEvent(event, fields);
+}
+
+void KvKeepService::WriteEvent(absl::string_view event,
+                               absl::string_view fields) {
   const std::string line = absl::StrCat(
       "ts=",
       absl::FormatTime(absl::RFC3339_full, absl::Now(), absl::UTCTimeZone()),
@@ -214,9 +237,8 @@ grpc::ServerUnaryReactor* KvKeepService::GetServerInfo(
     grpc::CallbackServerContext* ctx, const v1::GetServerInfoRequest*,
     v1::ServerInfo* resp) {
   return Unary(ctx, "GetServerInfo", [&]() -> absl::Status {
-    if (absl::StatusOr<std::string> t = Authenticate(*ctx); !t.ok()) {
-      return t.status();
-    }
+    absl::StatusOr<std::string> t = Authenticate(*ctx);
+    if (!t.ok()) return t.status();
     resp->set_version(KVKEEP_VERSION);
     resp->set_backend(options_.backend);
     for (const LayoutStats& s : store_->Layouts()) {
@@ -235,6 +257,12 @@ grpc::ServerUnaryReactor* KvKeepService::GetServerInfo(
     }
     resp->set_max_sessions(options_.max_sessions);
     resp->set_max_message_bytes(options_.max_message_bytes);
+    const LeaseOptions& lease = store_->lease_options();
+    resp->set_default_idle_timeout_seconds(absl::ToDoubleSeconds(
+        ResolveIdleTimeout(lease, *t, absl::ZeroDuration())
+            .value_or(absl::ZeroDuration())));
+    resp->set_max_idle_timeout_seconds(
+        absl::ToDoubleSeconds(MaxIdleTimeout(lease, *t)));
     return absl::OkStatus();
   });
 }
@@ -245,6 +273,11 @@ grpc::ServerUnaryReactor* KvKeepService::CreateSession(
   return Unary(ctx, "CreateSession", [&]() -> absl::Status {
     absl::StatusOr<std::string> tenant = Authenticate(*ctx);
     if (!tenant.ok()) return tenant.status();
+    if (!std::isfinite(req->idle_timeout_seconds())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("idle_timeout_seconds must be a finite number, not ",
+                       req->idle_timeout_seconds()));
+    }
     SessionSpec spec = SpecFromProto(*req);
     spec.tenant = *tenant;
     if (spec.policy.name.empty()) {
@@ -263,10 +296,12 @@ grpc::ServerUnaryReactor* KvKeepService::CreateSession(
                                        stats->layer_budget.end());
     resp->mutable_layer_versions()->Add(stats->layer_version.begin(),
                                         stats->layer_version.end());
-    LogEvent("session_create", absl::StrCat("session=", SessionName(*id),
-                                            " tenant=", LogValue(*tenant),
-                                            " layout=", spec.layout,
-                                            " policy=", spec.policy.name));
+    LogEvent(
+        "session_create",
+        absl::StrCat("session=", SessionName(*id),
+                     " tenant=", LogValue(*tenant), " layout=", spec.layout,
+                     " policy=", spec.policy.name, " idle_timeout_seconds=",
+                     absl::ToDoubleSeconds(stats->idle_timeout)));
     return absl::OkStatus();
   });
 }
@@ -302,6 +337,21 @@ grpc::ServerUnaryReactor* KvKeepService::GetSessionStats(
   });
 }
 
+grpc::ServerUnaryReactor* KvKeepService::KeepAlive(
+    grpc::CallbackServerContext* ctx, const v1::KeepAliveRequest* req,
+    v1::KeepAliveResponse* resp) {
+  return Unary(ctx, "KeepAlive", [&]() -> absl::Status {
+    absl::StatusOr<SessionId> id = CallerSession(*ctx, req->session_id());
+    if (!id.ok()) return id.status();
+    absl::StatusOr<LeaseStatus> lease = store_->KeepAlive(*id);
+    if (!lease.ok()) return lease.status();
+    resp->set_idle_timeout_seconds(absl::ToDoubleSeconds(lease->idle_timeout));
+    resp->set_lease_seconds_left(absl::ToDoubleSeconds(lease->left));
+    resp->set_lease_held(lease->held);
+    return absl::OkStatus();
+  });
+}
+
 grpc::ServerUnaryReactor* KvKeepService::ListSessions(
     grpc::CallbackServerContext* ctx, const v1::ListSessionsRequest*,
     v1::ListSessionsResponse* resp) {
@@ -311,7 +361,9 @@ grpc::ServerUnaryReactor* KvKeepService::ListSessions(
     const bool all = options_.tenants_by_token.empty();
     for (const SessionInfo& info : store_->Sessions()) {
       if (!all && info.tenant != *tenant) continue;
-      absl::StatusOr<SessionStats> stats = store_->GetStats(info.id);
+      // A listing is not a call on the session: it does not renew leases.
+      absl::StatusOr<SessionStats> stats =
+          store_->GetStats(info.id, /*renew_lease=*/false);
       if (!stats.ok()) continue;  // closed since the listing
       StatsToProto(*stats, resp->add_sessions());
     }
@@ -433,10 +485,11 @@ grpc::ServerUnaryReactor* KvKeepService::MapPool(
 namespace {
 
 // Binds a client stream to the one session its first message names; later
-// messages may repeat the id or leave it empty.
+// messages may repeat the id or leave it empty. Holds the session's lease
+// while the stream is open (it is the stream's activity).
 class StreamBinding {
  public:
-  StreamBinding(const KvKeepService* service, std::string tenant,
+  StreamBinding(KvKeepService* service, std::string tenant,
                 absl::string_view method)
       : service_(service), tenant_(std::move(tenant)), method_(method) {}
 
@@ -449,6 +502,10 @@ class StreamBinding {
       }
       absl::StatusOr<SessionId> id = service_->Authorize(tenant_, session_id);
       if (!id.ok()) return id.status();
+      absl::StatusOr<std::unique_ptr<CacheStore::LeaseHold>> hold =
+          service_->store().HoldLease(*id);
+      if (!hold.ok()) return hold.status();
+      hold_ = *std::move(hold);
       name_ = session_id;
       id_ = *id;
     } else if (!session_id.empty() && session_id != name_) {
@@ -460,11 +517,12 @@ class StreamBinding {
   }
 
  private:
-  const KvKeepService* const service_;
+  KvKeepService* const service_;
   const std::string tenant_;
   const absl::string_view method_;
   std::string name_;
   SessionId id_ = 0;
+  std::unique_ptr<CacheStore::LeaseHold> hold_;
 };
 
 // AppendPrefill: appends each chunk as it arrives; the reply lists one
@@ -631,6 +689,10 @@ class ReadKvReactor final : public grpc::ServerWriteReactor<v1::KvChunk> {
         service_->CallerSession(ctx, req.session_id());
     if (!id.ok()) return id.status();
     id_ = *id;
+    absl::StatusOr<std::unique_ptr<CacheStore::LeaseHold>> hold =
+        service_->store().HoldLease(id_);
+    if (!hold.ok()) return hold.status();
+    hold_ = *std::move(hold);
     layers_.assign(req.layers().begin(), req.layers().end());
     absl::StatusOr<SessionStats> stats = service_->store().GetStats(id_);
     if (!stats.ok()) return stats.status();
@@ -694,6 +756,7 @@ class ReadKvReactor final : public grpc::ServerWriteReactor<v1::KvChunk> {
 
   KvKeepService* const service_;
   SessionId id_ = 0;
+  std::unique_ptr<CacheStore::LeaseHold> hold_;  // while the stream is open
   std::vector<int32_t> layers_;
   size_t next_layer_ = 0;
   int32_t layer_ = 0;

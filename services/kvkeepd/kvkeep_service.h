@@ -94,6 +94,9 @@ class KvKeepService final : public v1::KvKeep::CallbackService {
   grpc::ServerUnaryReactor* ListSessions(
       grpc::CallbackServerContext* ctx, const v1::ListSessionsRequest* req,
       v1::ListSessionsResponse* resp) override;
+  grpc::ServerUnaryReactor* KeepAlive(grpc::CallbackServerContext* ctx,
+                                      const v1::KeepAliveRequest* req,
+                                      v1::KeepAliveResponse* resp) override;
   grpc::ServerReadReactor<v1::AppendRequest>* AppendPrefill(
       grpc::CallbackServerContext* ctx,
       v1::AppendPrefillResponse* resp) override;
@@ -133,7 +136,8 @@ class KvKeepService final : public v1::KvKeep::CallbackService {
   absl::StatusOr<std::string> Authenticate(
       const grpc::CallbackServerContext& ctx) const;
   // The session `session_id` names, if `tenant` may use it:
-  // INVALID_ARGUMENT (malformed id), NOT_FOUND, PERMISSION_DENIED.
+  // INVALID_ARGUMENT (malformed id), NOT_FOUND (also another tenant's
+  // session; "expired" only to the expired session's own tenant).
   absl::StatusOr<SessionId> Authorize(const std::string& tenant,
                                       const std::string& session_id) const;
   // That the caller of ReceiveSession is a configured peer (the peer token,
@@ -147,11 +151,16 @@ class KvKeepService final : public v1::KvKeep::CallbackService {
   // Logs a failed call (when log_events) and maps its status.
   grpc::Status Finish(absl::string_view method, const absl::Status& status);
   void LogEvent(absl::string_view event, absl::string_view fields) const;
+  // The line for a session whose lease ran out, written whether or not
+  // log_events is on.
+  void LogExpired(const ExpiredSession& session) const;
 
   CacheStore& store() { return *store_; }
   const ServiceOptions& options() const { return options_; }
 
  private:
+  // One logfmt line on stderr: ts=... event=EVENT FIELDS.
+  static void WriteEvent(absl::string_view event, absl::string_view fields);
   // Runs fn for a unary call and finishes it with fn's status.
   grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx,
                                   absl::string_view method,

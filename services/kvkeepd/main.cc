@@ -70,6 +70,9 @@ ABSL_FLAG(double, transfer_resolve_seconds, -1,
           "a commit in doubt: the wait before asking the target (1)");
 ABSL_FLAG(int64_t, transfer_resolve_attempts, -1,
           "a commit in doubt: how many times the target is asked (12)");
+ABSL_FLAG(double, session_idle_timeout_seconds, -1,
+          "a session's lease when its create names none, 0: never expires "
+          "(3600)");
 ABSL_FLAG(bool, log_events, false,
           "log one line per session create/close and per error (stderr)");
 ABSL_FLAG(bool, self_check, true,
@@ -135,7 +138,9 @@ absl::StatusOr<ServerConfig> LoadConfig() {
                              std::pair{&FLAGS_peer_keepalive_seconds,
                                        &config.peer_keepalive_seconds},
                              std::pair{&FLAGS_transfer_resolve_seconds,
-                                       &config.transfer_resolve_seconds}}) {
+                                       &config.transfer_resolve_seconds},
+                             std::pair{&FLAGS_session_idle_timeout_seconds,
+                                       &config.session_idle_timeout_seconds}}) {
     if (double d = absl::GetFlag(*flag); d >= 0) *value = d;
   }
   set_int(FLAGS_transfer_resolve_attempts, config.transfer_resolve_attempts);

@@ -107,10 +107,13 @@ absl::StatusOr<std::vector<TenantToken>> ParseTenants(const Json& j) {
   int index = 0;
   for (const Json& t : j) {
     const std::string where = absl::StrCat("tenants[", index++, "]");
-    KVKEEP_RETURN_IF_ERROR(CheckKeys(t, where, {"name", "token"}));
+    KVKEEP_RETURN_IF_ERROR(
+        CheckKeys(t, where, {"name", "token", "max_idle_timeout_seconds"}));
     TenantToken tenant;
     KVKEEP_RETURN_IF_ERROR(Read(t, "name", where, tenant.tenant));
     KVKEEP_RETURN_IF_ERROR(Read(t, "token", where, tenant.token));
+    KVKEEP_RETURN_IF_ERROR(Read(t, "max_idle_timeout_seconds", where,
+                                tenant.max_idle_timeout_seconds));
     if (tenant.tenant.empty() || tenant.token.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("config: ", where, " needs a name and a token"));
@@ -139,6 +142,35 @@ absl::StatusOr<Json> ParseJson(absl::string_view text, absl::string_view what) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": not valid JSON: ", e.what()));
   }
+}
+
+// Idle timeouts in seconds: 0 where allowed, else within the store's range
+// (lease.h); NaN and infinities fail both tests.
+bool IdleTimeoutInRange(double seconds) {
+  return seconds >= absl::ToDoubleSeconds(kMinIdleTimeout) &&
+         seconds <= absl::ToDoubleSeconds(kMaxIdleTimeout);
+}
+
+absl::Status ValidateIdleTimeouts(const ServerConfig& config) {
+  const std::string range =
+      absl::StrCat(absl::ToInt64Seconds(kMinIdleTimeout), " and ",
+                   absl::ToInt64Seconds(kMaxIdleTimeout), " (30 days)");
+  if (config.session_idle_timeout_seconds != 0 &&
+      !IdleTimeoutInRange(config.session_idle_timeout_seconds)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session_idle_timeout_seconds (", config.session_idle_timeout_seconds,
+        ") must be 0 (sessions never expire) or between ", range));
+  }
+  for (const TenantToken& t : config.tenants) {
+    if (t.max_idle_timeout_seconds != 0 &&
+        !IdleTimeoutInRange(t.max_idle_timeout_seconds)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tenant '", t.tenant, "': max_idle_timeout_seconds (",
+                       t.max_idle_timeout_seconds,
+                       ") must be 0 (the cap) or between ", range));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -207,6 +239,7 @@ absl::Status ValidateConfig(const ServerConfig& config) {
     return absl::InvalidArgumentError(
         "limits.max_bytes_per_tenant must be >= 0 (0: no limit)");
   }
+  if (absl::Status s = ValidateIdleTimeouts(config); !s.ok()) return s;
   for (const PoolSpec& pool : config.pools) {
     const ModelLayout& l = pool.layout;
     const int64_t one_token = l.num_layers * l.page_layout().page_bytes();
@@ -329,7 +362,8 @@ absl::Status ApplyConfigJson(absl::string_view text, ServerConfig& config) {
                                     "transfer_timeout_seconds",
                                     "peer_keepalive_seconds",
                                     "transfer_resolve_attempts",
-                                    "transfer_resolve_seconds"}));
+                                    "transfer_resolve_seconds",
+                                    "session_idle_timeout_seconds"}));
   KVKEEP_RETURN_IF_ERROR(Read(j, "metrics_session_series", "config",
                               config.metrics_session_series));
   if (config.metrics_session_series < 0) {
@@ -354,6 +388,8 @@ absl::Status ApplyConfigJson(absl::string_view text, ServerConfig& config) {
   KVKEEP_RETURN_IF_ERROR(Read(j, "transfer_resolve_seconds", "config",
                               config.transfer_resolve_seconds));
   KVKEEP_RETURN_IF_ERROR(Read(j, "log_events", "config", config.log_events));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "session_idle_timeout_seconds", "config",
+                              config.session_idle_timeout_seconds));
   KVKEEP_RETURN_IF_ERROR(Read(j, "device", "config", config.device));
   KVKEEP_RETURN_IF_ERROR(Read(j, "share_pools", "config", config.share_pools));
   KVKEEP_RETURN_IF_ERROR(

@@ -17,6 +17,10 @@ namespace kvkeep {
 struct TenantToken {
   std::string tenant;
   std::string token;
+  // The longest idle timeout this tenant's sessions may have (a create
+  // asking for more is refused; the server's default is clamped to it);
+  // 0: the store's cap (kMaxIdleTimeout, 30 days).
+  double max_idle_timeout_seconds = 0;
 };
 
 struct TlsConfig {
@@ -67,7 +71,11 @@ struct ServerConfig {
   int64_t max_message_bytes = 64 << 20;
   int64_t max_sessions_per_tenant = 0;  // 0: no limit
   int64_t max_bytes_per_tenant = 0;     // 0: no limit
-  std::vector<TenantToken> tenants;     // empty: no authentication
+  // Session leases (docs/sessions.md): the idle timeout of a session whose
+  // create names none, 0: such sessions never expire; else between 1 s and
+  // 30 days (kMinIdleTimeout, kMaxIdleTimeout).
+  double session_idle_timeout_seconds = 3600;
+  std::vector<TenantToken> tenants;  // empty: no authentication
   // A JSON file holding the tenants ([{"name", "token"}], e.g. mounted from a
   // Kubernetes Secret); when set, its tenants replace `tenants`.
   std::string tenants_file;
@@ -116,9 +124,9 @@ std::string TransferListenAddress(const ServerConfig& config);
 
 // What no single key's parse can see, checked before a server is built:
 // counts below one, a max_bytes_per_tenant that cannot hold one token of a
-// layout (one page per layer), a data socket on a TLS store, peer
-// identities without a client CA, a short peer token. INVALID_ARGUMENT
-// naming the key.
+// layout (one page per layer), an idle timeout out of range, a data socket
+// on a TLS store, peer identities without a client CA, a short peer token.
+// INVALID_ARGUMENT naming the key.
 absl::Status ValidateConfig(const ServerConfig& config);
 
 // The peer tokens `config` gives: from peers.token_file (one per line, the

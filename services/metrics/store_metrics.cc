@@ -215,7 +215,8 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
       Family("kvkeep_session_score_updates_total",
              "Layer score updates applied to the session", kCounter);
   for (SessionId id : metrics_.TrackedSessions()) {
-    absl::StatusOr<SessionStats> s = store_.GetStats(id);
+    // A scrape is not a call on the session: it does not renew its lease.
+    absl::StatusOr<SessionStats> s = store_.GetStats(id, /*renew_lease=*/false);
     if (!s.ok()) continue;
     const std::vector<ClientMetric::Label> labels{{"session", SessionName(id)},
                                                   {"tenant", s->tenant},
@@ -263,12 +264,25 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
   MetricFamily rejections = Family(
       "kvkeep_tenant_quota_rejections_total",
       "Requests refused by the tenant's session or byte limit", kCounter);
+  MetricFamily tenant_expired = Family(
+      "kvkeep_tenant_sessions_expired_total",
+      "Sessions of the tenant closed by the store when their lease ran out",
+      kCounter);
+  int64_t expired = 0;
   for (const TenantStats& t : store_.Tenants()) {
     const std::vector<ClientMetric::Label> labels{{"tenant", t.tenant}};
     AddSample(tenant_sessions, labels, static_cast<double>(t.sessions));
     AddSample(tenant_bytes, labels, static_cast<double>(t.bytes));
     AddSample(rejections, labels, static_cast<double>(t.quota_rejections));
+    AddSample(tenant_expired, labels, static_cast<double>(t.expired_sessions));
+    expired += t.expired_sessions;
   }
+  MetricFamily sessions_expired =
+      Family("kvkeep_sessions_expired_total",
+             "Sessions closed by the store when their lease ran out (idle "
+             "past their timeout)",
+             kCounter);
+  AddSample(sessions_expired, {}, static_cast<double>(expired));
 
   MetricFamily sessions = Family("kvkeep_sessions", "Open sessions", kGauge);
   AddSample(sessions, {}, static_cast<double>(open_sessions));
@@ -283,7 +297,8 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
   for (MetricFamily* f :
        {&tokens, &bytes, &pages, &evicted, &mass, &updates, &capacity_pages,
         &used_pages, &capacity_bytes, &used_bytes, &pool_sessions, &failures,
-        &tenant_sessions, &tenant_bytes, &rejections, &sessions, &untracked}) {
+        &tenant_sessions, &tenant_bytes, &rejections, &tenant_expired,
+        &sessions_expired, &sessions, &untracked}) {
     out.push_back(std::move(*f));
   }
   return out;

@@ -2,6 +2,7 @@
 // (every key of docs/config.md, the shipped example) and its errors.
 #include "services/kvkeepd/server_config.h"
 
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -55,6 +56,9 @@ TEST(ServerConfigTest, TheShippedExampleParsesAndSetsEveryKey) {
   EXPECT_EQ(c.max_bytes_per_tenant, int64_t{32} << 30);
   ASSERT_EQ(c.tenants.size(), 2u);
   EXPECT_EQ(c.tenants[1].tenant, "team-b");
+  EXPECT_EQ(c.tenants[0].max_idle_timeout_seconds, 0);
+  EXPECT_EQ(c.tenants[1].max_idle_timeout_seconds, 86400);
+  EXPECT_EQ(c.session_idle_timeout_seconds, 1800);
   EXPECT_TRUE(c.log_events);
   EXPECT_EQ(c.peers.token_file, "/etc/kvkeep-secrets/peer-token");
   EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
@@ -251,6 +255,23 @@ TEST(ServerConfigTest, ValidateRefusesConfigsNoServerCouldRunWell) {
        "peers.identities needs tls.client_ca_file"},
       {[](ServerConfig& c) { c.peers.token = "short"; },
        "peers.token must be at least 16 characters"},
+      {[](ServerConfig& c) { c.session_idle_timeout_seconds = -1; },
+       "session_idle_timeout_seconds (-1) must be 0 (sessions never expire) "
+       "or between 1 and 2592000"},
+      {[](ServerConfig& c) { c.session_idle_timeout_seconds = 0.5; },
+       "session_idle_timeout_seconds (0.5)"},
+      {[](ServerConfig& c) { c.session_idle_timeout_seconds = 1e9; },
+       "session_idle_timeout_seconds (1e+09)"},
+      {[](ServerConfig& c) { c.session_idle_timeout_seconds = std::nan(""); },
+       "session_idle_timeout_seconds (nan)"},
+      {[](ServerConfig& c) {
+         c.tenants = {{"a", "token-a", -5}};
+       },
+       "tenant 'a': max_idle_timeout_seconds (-5) must be 0"},
+      {[](ServerConfig& c) {
+         c.tenants = {{"a", "token-a", 3e6}};
+       },
+       "tenant 'a': max_idle_timeout_seconds (3e+06)"},
   };
   for (const Case& k : cases) {
     ServerConfig c = DefaultConfig();
@@ -265,6 +286,24 @@ TEST(ServerConfigTest, ValidateRefusesConfigsNoServerCouldRunWell) {
   EXPECT_EQ(TransferListenAddress(tls), "");
   tls.transfer_listen = "off";
   EXPECT_TRUE(ValidateConfig(tls).ok());
+}
+
+TEST(ServerConfigTest, LeaseKeys) {
+  ServerConfig c = DefaultConfig();
+  EXPECT_EQ(c.session_idle_timeout_seconds, 3600);
+  ASSERT_TRUE(Apply(R"({"session_idle_timeout_seconds": 0})", c).ok());
+  EXPECT_EQ(c.session_idle_timeout_seconds, 0);  // never
+  EXPECT_TRUE(ValidateConfig(c).ok());
+  ASSERT_TRUE(ApplyTenantsJson(R"([{"name": "a", "token": "t",
+                                    "max_idle_timeout_seconds": 60}])",
+                               c)
+                  .ok());
+  EXPECT_EQ(c.tenants[0].max_idle_timeout_seconds, 60);
+  const absl::Status s = ApplyTenantsJson(
+      R"([{"name": "a", "token": "t", "max_idle_timeout_seconds": "1h"}])", c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("max_idle_timeout_seconds has the wrong type"));
 }
 
 TEST(ServerConfigTest, TheSelfChecksTenantNameIsReserved) {

@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -215,6 +216,38 @@ class Child {
   LineCollector out_;
   LineCollector err_;
 };
+
+// A kvkeepd child and where it serves.
+struct ServingChild {
+  std::unique_ptr<Child> child;
+  std::string address;  // host:port of its gRPC server
+  std::string metrics;  // host:port of /metrics; empty without one
+};
+
+// Spawns a kvkeepd command line (with --listen and --metrics_listen, each
+// "127.0.0.1:0" or an address) and waits up to `patience` for the lines
+// naming its gRPC and /metrics addresses.
+inline absl::StatusOr<ServingChild> StartServing(
+    const std::vector<std::string>& argv, absl::Duration patience) {
+  constexpr absl::string_view kListen = "kvkeepd: grpc listening on ";
+  constexpr absl::string_view kMetrics = "kvkeepd: metrics on http://";
+  ServingChild d;
+  absl::StatusOr<std::unique_ptr<Child>> child = Child::Spawn(argv);
+  if (!child.ok()) return child.status();
+  d.child = *std::move(child);
+  std::optional<std::string> line = d.child->out().WaitFor(kListen, patience);
+  if (!line.has_value()) {
+    return absl::UnavailableError(absl::StrCat(
+        "kvkeepd printed no listening line:\n", d.child->Output()));
+  }
+  d.address = line->substr(kListen.size());
+  if (std::optional<std::string> m = d.child->out().WaitFor(kMetrics, patience);
+      m.has_value()) {
+    d.metrics =
+        std::string(absl::StripSuffix(m->substr(kMetrics.size()), "/metrics"));
+  }
+  return d;
+}
 
 inline std::string DescribeWaitStatus(int status) {
   if (WIFEXITED(status)) return absl::StrCat("exit ", WEXITSTATUS(status));

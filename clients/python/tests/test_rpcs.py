@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -297,3 +298,37 @@ def test_block_tables_larger_than_a_message_come_joined(client):
             async with kvkeep.aio.Client(client.address) as c:
                 return await c.block_tables(s.id)
         assert asyncio.run(joined_by_aio()) == whole
+
+
+def test_leases_keep_alive_and_idle_timeout(client):
+    info = client.info()
+    assert info.default_idle_timeout_seconds == 3600
+    assert info.max_idle_timeout_seconds == 30 * 24 * 3600
+    s = client.create_session("t_f32", "window", budget=8, idle_timeout_seconds=120)
+    st = s.stats()  # a call: renews first
+    assert st.idle_timeout_seconds == 120 and not st.lease_held
+    assert 119 < st.lease_seconds_left <= 120
+    r = s.keep_alive()
+    assert r.idle_timeout_seconds == 120 and 119 < r.lease_seconds_left <= 120
+    assert client.keep_alive(s.id).idle_timeout_seconds == 120
+    for bad in (-1, 0.5, float("nan"), 1e12):
+        with pytest.raises(kvkeep.InvalidArgument) as e:
+            client.create_session("t_f32", "window", budget=8, idle_timeout_seconds=bad)
+        assert "idle" in e.value.message
+    s.close()
+    with pytest.raises(kvkeep.NotFound):
+        s.keep_alive()
+
+
+def test_an_idle_session_expires(make_server):
+    server = make_server(config={"session_idle_timeout_seconds": 1})
+    c = kvkeep.Client(server.address)
+    s = c.create_session("t_f32", "window", budget=8)
+    assert s.stats().idle_timeout_seconds == 1
+    # Listing does not renew; the poll's limit only guards against a hang.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and s.id in [x.session_id for x in c.list()]:
+        time.sleep(0.05)
+    with pytest.raises(kvkeep.NotFound) as e:
+        s.keep_alive()
+    assert "expired" in e.value.message

@@ -74,6 +74,7 @@ class Options:
 RETRIED = frozenset({
     "GetServerInfo", "GetSessionStats", "ListSessions", "GetBlockTables",
     "ReadKv", "MapPool", "CreateSession", "CloseSession", "TransferSession",
+    "KeepAlive",
 })
 
 TlsArg = Union[None, bool, str, bytes]

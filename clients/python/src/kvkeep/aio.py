@@ -161,6 +161,7 @@ class Client:
     async def create_session(self, layout: str, policy: str = "",
                              budget: BudgetArg = None, *,
                              idempotency_key: Optional[str] = None,
+                             idle_timeout_seconds: float = 0,
                              **params: Any) -> "Session":
         """See kvkeep.Client.create_session."""
         info = await self._c.info()
@@ -171,7 +172,8 @@ class Client:
         req = pb.CreateSessionRequest(
             layout=layout, policy=policy, policy_params=checked,
             budget=_core.budget_proto(budget),
-            idempotency_key=idempotency_key or _core.new_id())
+            idempotency_key=idempotency_key or _core.new_id(),
+            idle_timeout_seconds=idle_timeout_seconds)
         resp = await self._c.call("CreateSession", req)
         if pinfo is None:
             stats = await self.stats(resp.session_id)
@@ -198,6 +200,11 @@ class Client:
     async def stats(self, session_id: str) -> pb.SessionStats:
         return await self._c.call("GetSessionStats",
                                   pb.GetSessionStatsRequest(session_id=session_id))
+
+    async def keep_alive(self, session_id: str) -> pb.KeepAliveResponse:
+        """See kvkeep.Client.keep_alive."""
+        return await self._c.call("KeepAlive",
+                                  pb.KeepAliveRequest(session_id=session_id))
 
     async def list(self) -> List[pb.SessionStats]:
         return list((await self._c.call("ListSessions",
@@ -340,6 +347,11 @@ class Session:
     async def stats(self) -> pb.SessionStats:
         return await self._c.call("GetSessionStats",
                                   pb.GetSessionStatsRequest(session_id=self.id))
+
+    async def keep_alive(self) -> pb.KeepAliveResponse:
+        """Renews the session's lease; see kvkeep.Client.keep_alive."""
+        return await self._c.call("KeepAlive",
+                                  pb.KeepAliveRequest(session_id=self.id))
 
     async def map_pool(self) -> MappedPool:
         return MappedPool(await self._c.call("MapPool",

@@ -25,6 +25,14 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
 
+def _lease(s) -> str:
+    """A session's lease: "never", "held" (a stream or a transfer holds it)
+    or the whole seconds left."""
+    if s.idle_timeout_seconds <= 0:
+        return "never"
+    return "held" if s.lease_held else f"{int(s.lease_seconds_left)}s"
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kvkeep", description=__doc__)
     ap.add_argument("--server", default="127.0.0.1:50051")
@@ -75,11 +83,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             if args.json:
                 print(json.dumps({"sessions": [_json(s) for s in sessions]}, indent=2))
                 return 0
-            print("SESSION  LAYOUT  POLICY  TENANT  RESIDENT  PAGES  BYTES  EVICTED")
+            print("SESSION  LAYOUT  POLICY  TENANT  RESIDENT  PAGES  BYTES  EVICTED  LEASE")
             for s in sessions:
                 print(f"{s.session_id}  {s.layout}  {s.policy}  {s.tenant or '-'}  "
                       f"{s.resident_tokens}  {s.pages}  {_mib(s.resident_bytes)}  "
-                      f"{s.evicted_tokens}")
+                      f"{s.evicted_tokens}  {_lease(s)}")
         elif args.command == "stats":
             s = client.stats(args.session)
             if args.json:
@@ -89,6 +97,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"resident {s.resident_tokens} tokens in {s.pages} pages "
                   f"({_mib(s.resident_bytes)}); evicted {s.evicted_tokens} tokens "
                   f"(score {s.evicted_score:.1f}); {s.score_updates} score updates")
+            print(f"lease: {_lease(s)} left of {s.idle_timeout_seconds:g}s"
+                  if s.idle_timeout_seconds > 0 else "lease: none (never expires)")
             print("LAYER  RESIDENT  BUDGET  VERSION")
             for i, (r, b, v) in enumerate(zip(s.layer_resident, s.layer_budget,
                                               s.layer_version)):

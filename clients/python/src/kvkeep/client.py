@@ -171,7 +171,8 @@ class Client:
     # -- sessions --------------------------------------------------------------
 
     def create_session(self, layout: str, policy: str = "", budget: BudgetArg = None, *,
-                       idempotency_key: Optional[str] = None, **params: Any) -> "Session":
+                       idempotency_key: Optional[str] = None,
+                       idle_timeout_seconds: float = 0, **params: Any) -> "Session":
         """Opens a session: use it as a context manager to close it at the end.
 
         policy: a name from ServerInfo.policies ("" : the server's default).
@@ -182,6 +183,10 @@ class Client:
         idempotency_key: a retried create with the same key returns the first
           attempt's session (default: a fresh random key, so the create is
           retried on UNAVAILABLE without ever making two sessions).
+        idle_timeout_seconds: the session's lease: the server closes it once no
+          call has named it for this long (0: the server's default, see
+          ServerInfo.default_idle_timeout_seconds; at most
+          ServerInfo.max_idle_timeout_seconds). keep_alive() renews it.
         """
         info = self._c.info()
         lay = self._c.layout(layout)
@@ -191,7 +196,8 @@ class Client:
         req = pb.CreateSessionRequest(
             layout=layout, policy=policy, policy_params=checked,
             budget=_core.budget_proto(budget),
-            idempotency_key=idempotency_key or _core.new_id())
+            idempotency_key=idempotency_key or _core.new_id(),
+            idle_timeout_seconds=idle_timeout_seconds)
         resp = self._c.call("CreateSession", req)
         if pinfo is None:  # the server's default: learn it from the stats
             stats = self.stats(resp.session_id)
@@ -221,8 +227,15 @@ class Client:
         return self._c.call("GetSessionStats",
                             pb.GetSessionStatsRequest(session_id=session_id))
 
+    def keep_alive(self, session_id: str) -> pb.KeepAliveResponse:
+        """Renews a session's lease (any call does; this one only renews): for
+        a caller that holds a session between turns without calling it. NOT_FOUND
+        (kvkeep.NotFound), saying "expired", once the lease has run out."""
+        return self._c.call("KeepAlive", pb.KeepAliveRequest(session_id=session_id))
+
     def list(self) -> List[pb.SessionStats]:
-        """The caller's tenant's sessions (every session without tenants)."""
+        """The caller's tenant's sessions (every session without tenants).
+        Listing does not renew their leases."""
         return list(self._c.call("ListSessions", pb.ListSessionsRequest()).sessions)
 
     def close(self, session_id: str) -> Optional[int]:
@@ -449,6 +462,10 @@ class Session:
 
     def stats(self) -> pb.SessionStats:
         return self._c.call("GetSessionStats", pb.GetSessionStatsRequest(session_id=self.id))
+
+    def keep_alive(self) -> pb.KeepAliveResponse:
+        """Renews the session's lease; see Client.keep_alive."""
+        return self._c.call("KeepAlive", pb.KeepAliveRequest(session_id=self.id))
 
     def map_pool(self) -> MappedPool:
         """Maps this session's layout's pool; `.tables` has its block tables."""

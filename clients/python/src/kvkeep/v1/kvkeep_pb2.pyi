@@ -61,7 +61,7 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("version", "backend", "layouts", "pools", "policies", "max_sessions", "max_message_bytes", "policy_info")
+    __slots__ = ("version", "backend", "layouts", "pools", "policies", "max_sessions", "max_message_bytes", "policy_info", "default_idle_timeout_seconds", "max_idle_timeout_seconds")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     LAYOUTS_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +70,8 @@ class ServerInfo(_message.Message):
     MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     POLICY_INFO_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_IDLE_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_IDLE_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     version: str
     backend: str
     layouts: _containers.RepeatedCompositeFieldContainer[Layout]
@@ -78,7 +80,9 @@ class ServerInfo(_message.Message):
     max_sessions: int
     max_message_bytes: int
     policy_info: _containers.RepeatedCompositeFieldContainer[PolicyInfo]
-    def __init__(self, version: _Optional[str] = ..., backend: _Optional[str] = ..., layouts: _Optional[_Iterable[_Union[Layout, _Mapping]]] = ..., pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ..., policies: _Optional[_Iterable[str]] = ..., max_sessions: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., policy_info: _Optional[_Iterable[_Union[PolicyInfo, _Mapping]]] = ...) -> None: ...
+    default_idle_timeout_seconds: float
+    max_idle_timeout_seconds: float
+    def __init__(self, version: _Optional[str] = ..., backend: _Optional[str] = ..., layouts: _Optional[_Iterable[_Union[Layout, _Mapping]]] = ..., pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ..., policies: _Optional[_Iterable[str]] = ..., max_sessions: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., policy_info: _Optional[_Iterable[_Union[PolicyInfo, _Mapping]]] = ..., default_idle_timeout_seconds: _Optional[float] = ..., max_idle_timeout_seconds: _Optional[float] = ...) -> None: ...
 
 class PolicyInfo(_message.Message):
     __slots__ = ("name", "summary", "input", "accepts_probabilities", "accepts_queries", "params", "budget_rule")
@@ -151,7 +155,7 @@ class Budget(_message.Message):
     def __init__(self, tokens: _Optional[int] = ..., per_layer: _Optional[_Iterable[int]] = ..., schedule: _Optional[str] = ..., pyramid_beta: _Optional[float] = ...) -> None: ...
 
 class CreateSessionRequest(_message.Message):
-    __slots__ = ("layout", "policy", "policy_params", "budget", "idempotency_key")
+    __slots__ = ("layout", "policy", "policy_params", "budget", "idempotency_key", "idle_timeout_seconds")
     class PolicyParamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -164,12 +168,14 @@ class CreateSessionRequest(_message.Message):
     POLICY_PARAMS_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    IDLE_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     layout: str
     policy: str
     policy_params: _containers.ScalarMap[str, str]
     budget: Budget
     idempotency_key: str
-    def __init__(self, layout: _Optional[str] = ..., policy: _Optional[str] = ..., policy_params: _Optional[_Mapping[str, str]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+    idle_timeout_seconds: float
+    def __init__(self, layout: _Optional[str] = ..., policy: _Optional[str] = ..., policy_params: _Optional[_Mapping[str, str]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., idle_timeout_seconds: _Optional[float] = ...) -> None: ...
 
 class CreateSessionResponse(_message.Message):
     __slots__ = ("session_id", "layer_budgets", "layer_versions")
@@ -200,7 +206,7 @@ class GetSessionStatsRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
 class SessionStats(_message.Message):
-    __slots__ = ("session_id", "layout", "policy", "tenant", "resident_tokens", "pages", "resident_bytes", "evicted_tokens", "evicted_score", "score_updates", "compressed", "layer_resident", "layer_budget", "layer_version")
+    __slots__ = ("session_id", "layout", "policy", "tenant", "resident_tokens", "pages", "resident_bytes", "evicted_tokens", "evicted_score", "score_updates", "compressed", "layer_resident", "layer_budget", "layer_version", "idle_timeout_seconds", "lease_seconds_left", "lease_held")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
@@ -215,6 +221,9 @@ class SessionStats(_message.Message):
     LAYER_RESIDENT_FIELD_NUMBER: _ClassVar[int]
     LAYER_BUDGET_FIELD_NUMBER: _ClassVar[int]
     LAYER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    IDLE_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SECONDS_LEFT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_HELD_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     layout: str
     policy: str
@@ -229,7 +238,26 @@ class SessionStats(_message.Message):
     layer_resident: _containers.RepeatedScalarFieldContainer[int]
     layer_budget: _containers.RepeatedScalarFieldContainer[int]
     layer_version: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, session_id: _Optional[str] = ..., layout: _Optional[str] = ..., policy: _Optional[str] = ..., tenant: _Optional[str] = ..., resident_tokens: _Optional[int] = ..., pages: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., evicted_tokens: _Optional[int] = ..., evicted_score: _Optional[float] = ..., score_updates: _Optional[int] = ..., compressed: _Optional[bool] = ..., layer_resident: _Optional[_Iterable[int]] = ..., layer_budget: _Optional[_Iterable[int]] = ..., layer_version: _Optional[_Iterable[int]] = ...) -> None: ...
+    idle_timeout_seconds: float
+    lease_seconds_left: float
+    lease_held: bool
+    def __init__(self, session_id: _Optional[str] = ..., layout: _Optional[str] = ..., policy: _Optional[str] = ..., tenant: _Optional[str] = ..., resident_tokens: _Optional[int] = ..., pages: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., evicted_tokens: _Optional[int] = ..., evicted_score: _Optional[float] = ..., score_updates: _Optional[int] = ..., compressed: _Optional[bool] = ..., layer_resident: _Optional[_Iterable[int]] = ..., layer_budget: _Optional[_Iterable[int]] = ..., layer_version: _Optional[_Iterable[int]] = ..., idle_timeout_seconds: _Optional[float] = ..., lease_seconds_left: _Optional[float] = ..., lease_held: _Optional[bool] = ...) -> None: ...
+
+class KeepAliveRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class KeepAliveResponse(_message.Message):
+    __slots__ = ("idle_timeout_seconds", "lease_seconds_left", "lease_held")
+    IDLE_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SECONDS_LEFT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_HELD_FIELD_NUMBER: _ClassVar[int]
+    idle_timeout_seconds: float
+    lease_seconds_left: float
+    lease_held: bool
+    def __init__(self, idle_timeout_seconds: _Optional[float] = ..., lease_seconds_left: _Optional[float] = ..., lease_held: _Optional[bool] = ...) -> None: ...
 
 class ListSessionsRequest(_message.Message):
     __slots__ = ()

@@ -59,6 +59,11 @@ class KvKeepStub:
                 request_serializer=kvkeep_dot_v1_dot_kvkeep__pb2.ListSessionsRequest.SerializeToString,
                 response_deserializer=kvkeep_dot_v1_dot_kvkeep__pb2.ListSessionsResponse.FromString,
                 _registered_method=True)
+        self.KeepAlive = channel.unary_unary(
+                '/kvkeep.v1.KvKeep/KeepAlive',
+                request_serializer=kvkeep_dot_v1_dot_kvkeep__pb2.KeepAliveRequest.SerializeToString,
+                response_deserializer=kvkeep_dot_v1_dot_kvkeep__pb2.KeepAliveResponse.FromString,
+                _registered_method=True)
         self.AppendPrefill = channel.stream_unary(
                 '/kvkeep.v1.KvKeep/AppendPrefill',
                 request_serializer=kvkeep_dot_v1_dot_kvkeep__pb2.AppendRequest.SerializeToString,
@@ -138,6 +143,14 @@ class KvKeepServicer:
 
     def ListSessions(self, request, context):
         """The caller's tenant's sessions (all sessions without authentication).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def KeepAlive(self, request, context):
+        """Renews a session's lease and says how long it now has: for a client
+        that holds a session between turns without calling it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -279,6 +292,11 @@ def add_KvKeepServicer_to_server(servicer, server):
                     servicer.ListSessions,
                     request_deserializer=kvkeep_dot_v1_dot_kvkeep__pb2.ListSessionsRequest.FromString,
                     response_serializer=kvkeep_dot_v1_dot_kvkeep__pb2.ListSessionsResponse.SerializeToString,
+            ),
+            'KeepAlive': grpc.unary_unary_rpc_method_handler(
+                    servicer.KeepAlive,
+                    request_deserializer=kvkeep_dot_v1_dot_kvkeep__pb2.KeepAliveRequest.FromString,
+                    response_serializer=kvkeep_dot_v1_dot_kvkeep__pb2.KeepAliveResponse.SerializeToString,
             ),
             'AppendPrefill': grpc.stream_unary_rpc_method_handler(
                     servicer.AppendPrefill,
@@ -461,6 +479,33 @@ class KvKeep:
             '/kvkeep.v1.KvKeep/ListSessions',
             kvkeep_dot_v1_dot_kvkeep__pb2.ListSessionsRequest.SerializeToString,
             kvkeep_dot_v1_dot_kvkeep__pb2.ListSessionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KeepAlive(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvkeep.v1.KvKeep/KeepAlive',
+            kvkeep_dot_v1_dot_kvkeep__pb2.KeepAliveRequest.SerializeToString,
+            kvkeep_dot_v1_dot_kvkeep__pb2.KeepAliveResponse.FromString,
             options,
             channel_credentials,
             insecure,
