@@ -229,6 +229,51 @@ SessionSnapshot Session::Snapshot(bool with_bytes) const {
 
 Session::~Session() {
   for (Layer& layer : layers_) FreePages(layer.pages);
+  FreePages(spare_);
+}
+
+absl::StatusOr<std::unique_ptr<Session>> Session::Fork(
+    SessionId child_id, PolicyPtr policy, std::vector<int64_t> layer_budgets,
+    std::shared_ptr<PageQuota> quota) const {
+  if (!device_error_.ok()) return device_error_;
+  if (layer_budgets.empty()) {
+    for (const Layer& layer : layers_) layer_budgets.push_back(layer.budget);
+  }
+  absl::StatusOr<std::unique_ptr<Session>> made =
+      Create(child_id, layout_, pool_, policy != nullptr ? policy : policy_,
+             std::move(layer_budgets), std::move(quota));
+  if (!made.ok()) return made.status();
+  Session& child = **made;
+  std::vector<PageId> pages;
+  for (const Layer& layer : layers_) {
+    pages.insert(pages.end(), layer.pages.begin(), layer.pages.end());
+  }
+  if (absl::Status s = pool_->Share(id_, child_id, pages); !s.ok()) {
+    return InSession(id_, s);
+  }
+  const bool history = child.policy_->uses_history();
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& from = layers_[l];
+    Layer& to = child.layers_[l];
+    to.pages = from.pages;
+    to.position = from.position;
+    to.arrival = from.arrival;
+    to.score = from.score;
+    // Another policy's history bits mean nothing to this one: they start
+    // clear (a policy without history keeps none).
+    if (history && policy_->uses_history()) {
+      to.history = from.history;
+    } else if (history) {
+      to.history.assign(from.position.size(), 0);
+    }
+    to.appended = from.appended;
+    to.version = from.version;
+  }
+  child.last_position_ = last_position_;
+  child.compressed_ = compressed_;
+  child.may_share_ = true;
+  may_share_ = true;
+  return made;
 }
 
 absl::Status Session::AllocatePages(int64_t n, std::vector<PageId>* pages) {
@@ -242,11 +287,82 @@ absl::Status Session::AllocatePages(int64_t n, std::vector<PageId>* pages) {
 }
 
 void Session::FreePages(std::span<const PageId> pages) {
-  pool_->Free(id_, pages);
-  if (quota_ != nullptr) {
-    quota_->Release(static_cast<int64_t>(pages.size()) *
-                    page_layout_.page_bytes());
+  const int64_t returned = pool_->Free(id_, pages);
+  if (quota_ != nullptr && returned > 0) {
+    quota_->Release(returned * page_layout_.page_bytes());
   }
+}
+
+int64_t Session::CopyBound(const Layer& layer, int64_t evict,
+                           int64_t incoming) const {
+  if (!may_share_ || (evict <= 0 && incoming <= 0)) return 0;
+  const int64_t p = layout_.page_tokens;
+  const int64_t victims = evict > 0 ? evict + p - 1 : 0;
+  int64_t written = 0;
+  if (incoming > 0) {
+    written = evict > 0 ? CeilDiv(incoming, p) + 1 : (layer.size() % p ? 1 : 0);
+  }
+  return std::min(pool_->CountShared(layer.pages), victims + written);
+}
+
+int64_t Session::AttentionCopyBound(std::span<const LayerScores> scores,
+                                    int64_t growth, bool compress) const {
+  if (!may_share_) return 0;
+  int64_t bound = 0;
+  for (const LayerScores& in : scores) {
+    const Layer& layer = layers_[in.layer];
+    const int64_t size = layer.size() + growth;
+    int64_t excess = 0;
+    if (compress) {
+      excess = std::max<int64_t>(0, size - layer.budget);
+    } else if (size > layer.budget) {
+      excess = size - (layer.budget - policy_->common().slack);
+    }
+    bound += CopyBound(layer, excess, 0);
+  }
+  return bound;
+}
+
+absl::Status Session::ReserveCopies(int64_t n) {
+  if (n <= 0) return absl::OkStatus();
+  if (absl::Status s = AllocatePages(n, &spare_); !s.ok()) {
+    return absl::Status(
+        s.code(), SessionMessage(id_, "reserving ", n,
+                                 " pages to copy shared pages before writing "
+                                 "into them: ",
+                                 s.message()));
+  }
+  return absl::OkStatus();
+}
+
+void Session::MakeWritable(Layer& layer, int64_t index, LayerChange& change) {
+  const PageId shared = layer.pages[index];
+  if (pool_->Holders(shared) <= 1) return;
+  if (spare_.empty()) {
+    // CopyBound reserved too few: a bug (the random streams of
+    // tests/session_fork_test.cc would show it). Nothing of this call may
+    // run (it would write a page others read), so the session stops here.
+    batch_.Clear();
+    device_error_ = absl::InternalError(SessionMessage(
+        id_, "no page to copy shared page ", shared,
+        " to before writing it; the session's state is unknown, close it"));
+    return;
+  }
+  const PageId own = spare_.back();
+  spare_.pop_back();
+  batch_.AddPageCopy(shared, own);
+  layer.pages[index] = own;
+  // The copy reads it: let go once the batch has run.
+  pending_free_.push_back(shared);
+  change.pages_copied.push_back(
+      PageCopy{static_cast<int32_t>(index), shared, own});
+  ++work_.pages_copied;
+}
+
+void Session::ReleaseSpare() {
+  if (spare_.empty()) return;
+  FreePages(spare_);
+  spare_.clear();
 }
 
 LayerTokens Session::Tokens(Layer& layer) {
@@ -270,6 +386,7 @@ void Session::ResetResult(StepResult& result) const {
     change.moves.clear();
     change.pages_freed.clear();
     change.pages_added.clear();
+    change.pages_copied.clear();
   }
 }
 
@@ -283,8 +400,11 @@ absl::Status Session::DeviceCheck(absl::Status status) const {
 }
 
 void Session::RunBatch() {
-  DeviceCheck(pool_->memory().RunStep(batch_))
-      .IgnoreError();  // recorded in device_error_, reported by the caller
+  // After an error nothing more runs: the batch may write a shared page.
+  if (device_error_.ok()) {
+    DeviceCheck(pool_->memory().RunStep(batch_))
+        .IgnoreError();  // recorded in device_error_, reported by the caller
+  }
   batch_.Clear();
   if (!pending_free_.empty()) {
     FreePages(pending_free_);
@@ -313,6 +433,15 @@ void Session::Evict(Layer& layer, int64_t count, int64_t appended_view,
 
   std::vector<SlotMove>& moves = moves_;
   PlanCompaction(victims_, old_size, evicted_flags_, moves);
+  if (may_share_) {
+    // The moves write their targets' pages: make those the layer's own.
+    int64_t last = -1;
+    for (const SlotMove& m : moves) {
+      const int64_t index = m.to_slot / layout_.page_tokens;
+      if (index != last) MakeWritable(layer, index, change);
+      last = index;
+    }
+  }
   batch_.AddMoves(layer.pages, moves);
   MoveSlotValues(layer.position, moves, new_size);
   MoveSlotValues(layer.arrival, moves, new_size);
@@ -376,6 +505,7 @@ absl::StatusOr<StepResult> Session::Append(const AppendRequest& request) {
   StepResult result;
   const absl::Status s = ApplyAppend(request, result);
   RunBatch();
+  ReleaseSpare();
   if (!device_error_.ok()) return device_error_;
   if (!s.ok()) return s;
   return result;
@@ -392,6 +522,7 @@ absl::Status Session::ApplyAppend(const AppendRequest& request,
   plans.assign(layers_.size(), AppendPlan{});
   const CommonParams& common = policy_->common();
   int64_t pages_needed = 0;
+  int64_t copies = 0;  // spare pages for copy-on-write
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& layer = layers_[l];
     AppendPlan& plan = plans[l];
@@ -432,11 +563,15 @@ absl::Status Session::ApplyAppend(const AppendRequest& request,
     pages_needed += std::max<int64_t>(
         0, CeilDiv(kept + n - plan.drop, layout_.page_tokens) -
                static_cast<int64_t>(layer.pages.size()));
+    copies += CopyBound(layer, plan.evict, n - plan.drop);
   }
   // Pages first, all or nothing, so a full pool changes nothing.
   std::vector<PageId>& new_pages = new_pages_;
   new_pages.clear();
-  if (absl::Status s = AllocatePages(pages_needed, &new_pages); !s.ok()) {
+  absl::Status s = ReserveCopies(copies);
+  if (s.ok()) s = AllocatePages(pages_needed, &new_pages);
+  if (!s.ok()) {
+    ReleaseSpare();
     return absl::Status(s.code(), SessionMessage(id_, "append of ", n,
                                                  " tokens: ", s.message()));
   }
@@ -452,6 +587,15 @@ absl::Status Session::ApplyAppend(const AppendRequest& request,
     const int64_t first = layer.size();
     const int64_t size = first + n - plan.drop;
     const int64_t pages_wanted = CeilDiv(size, layout_.page_tokens);
+    if (may_share_ && size > first) {
+      // The new tokens go into pages the layer already has (its partly
+      // filled page, pages kept from an eviction) and new ones (its own).
+      const int64_t held = static_cast<int64_t>(layer.pages.size());
+      for (int64_t i = first / layout_.page_tokens;
+           i < std::min(held, pages_wanted); ++i) {
+        MakeWritable(layer, i, change);
+      }
+    }
     while (static_cast<int64_t>(layer.pages.size()) < pages_wanted) {
       layer.pages.push_back(new_pages[next_page]);
       change.pages_added.push_back(new_pages[next_page]);
@@ -679,9 +823,15 @@ absl::Status Session::Step(const AppendRequest& append,
       !s.ok()) {
     return s;
   }
+  if (absl::Status s =
+          ReserveCopies(AttentionCopyBound(scores, growth, /*compress=*/false));
+      !s.ok()) {
+    return s;
+  }
   if (absl::Status s = ApplyAppend(append, out.append); !s.ok()) return s;
   FinishAttention(scores, scratch.row_ptrs);
   ApplyAttention(scores, scratch.row_ptrs, /*compress=*/false, out.scores);
+  ReleaseSpare();
   return device_error_;
 }
 
@@ -706,8 +856,14 @@ absl::Status Session::ScoresInto(std::span<const LayerScores> scores,
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = ReserveCopies(
+          AttentionCopyBound(scores, /*growth=*/0, /*compress=*/false));
+      !s.ok()) {
+    return s;
+  }
   FinishAttention(scores, scratch.row_ptrs);
   ApplyAttention(scores, scratch.row_ptrs, /*compress=*/false, result);
+  ReleaseSpare();
   return device_error_;
 }
 
@@ -744,9 +900,15 @@ absl::StatusOr<StepResult> Session::CompressPrompt(
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = ReserveCopies(
+          AttentionCopyBound(window, /*growth=*/0, /*compress=*/true));
+      !s.ok()) {
+    return s;
+  }
   FinishAttention(window, scratch.row_ptrs);
   StepResult result;
   ApplyAttention(window, scratch.row_ptrs, /*compress=*/true, result);
+  ReleaseSpare();
   return AfterDevice(absl::StatusOr<StepResult>(std::move(result)));
 }
 
@@ -796,6 +958,7 @@ SessionStats Session::stats() const {
   for (const Layer& layer : layers_) {
     s.resident_tokens += layer.size();
     s.pages += static_cast<int64_t>(layer.pages.size());
+    if (may_share_) s.shared_pages += pool_->CountShared(layer.pages);
     s.layer_resident.push_back(layer.size());
     s.layer_budget.push_back(layer.budget);
     s.layer_version.push_back(layer.version);
