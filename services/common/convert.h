@@ -37,6 +37,9 @@ void BlockTableToProto(const BlockTable& in, v1::BlockTable* out);
 // The domain spec of a create request (tenant and defaults filled by the
 // caller).
 SessionSpec SpecFromProto(const v1::CreateSessionRequest& in);
+// The domain spec of a fork request. INVALID_ARGUMENT for policy_params
+// without a policy.
+absl::StatusOr<ForkSpec> ForkSpecFromProto(const v1::ForkSessionRequest& in);
 
 }  // namespace kvkeep
 
