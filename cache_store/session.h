@@ -188,6 +188,10 @@ class Session {
   // Makes the page at `index` of `layer` one only this session holds,
   // copying it (in batch_) to a spare page if it is shared.
   void MakeWritable(Layer& layer, int64_t index, LayerChange& change);
+  // MakeWritable for the pages the layer already has that hold slots
+  // [first, end) (the slots an append is about to write).
+  void MakeSlotsWritable(Layer& layer, int64_t first, int64_t end,
+                         LayerChange& change);
   // Returns the spare pages a call did not use (at its end).
   void ReleaseSpare();
 

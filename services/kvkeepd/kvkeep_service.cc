@@ -260,11 +260,7 @@ grpc::ServerUnaryReactor* KvKeepService::CreateSession(
     if (!id.ok()) return id.status();
     absl::StatusOr<SessionStats> stats = store_->GetStats(*id);
     if (!stats.ok()) return stats.status();
-    resp->set_session_id(SessionName(*id));
-    resp->mutable_layer_budgets()->Add(stats->layer_budget.begin(),
-                                       stats->layer_budget.end());
-    resp->mutable_layer_versions()->Add(stats->layer_version.begin(),
-                                        stats->layer_version.end());
+    NewSessionToProto(*stats, resp);
     LogEvent("session_create", absl::StrCat("session=", SessionName(*id),
                                             " tenant=", LogValue(*tenant),
                                             " layout=", spec.layout,
@@ -303,11 +299,7 @@ grpc::ServerUnaryReactor* KvKeepService::ForkSession(
     if (!id.ok()) return id.status();
     absl::StatusOr<SessionStats> stats = store_->GetStats(*id);
     if (!stats.ok()) return stats.status();
-    resp->set_session_id(SessionName(*id));
-    resp->mutable_layer_budgets()->Add(stats->layer_budget.begin(),
-                                       stats->layer_budget.end());
-    resp->mutable_layer_versions()->Add(stats->layer_version.begin(),
-                                        stats->layer_version.end());
+    NewSessionToProto(*stats, resp);
     resp->set_shared_pages(stats->shared_pages);
     LogEvent("session_fork",
              absl::StrCat(
