@@ -153,14 +153,13 @@ absl::StatusOr<SessionId> CacheStore::CreateSession(const SessionSpec& spec) {
   if (!idle_timeout.ok()) return idle_timeout.status();
 
   absl::MutexLock lock(&mu_);
-  if (!spec.idempotency_key.empty()) {
-    auto it = idempotency_.find(std::pair(spec.tenant, spec.idempotency_key));
-    if (it != idempotency_.end()) return it->second;
+  if (std::optional<SessionId> made =
+          Idempotent(spec.tenant, spec.idempotency_key)) {
+    return *made;
   }
   absl::StatusOr<std::shared_ptr<PageQuota>> quota = Admit(spec.tenant);
   if (!quota.ok()) return quota.status();
-  SessionId id = 0;
-  while (id == 0 || sessions_.contains(id)) id = absl::Uniform<SessionId>(rng_);
+  const SessionId id = NewSessionId();
   absl::StatusOr<std::unique_ptr<Session>> session = Session::Create(
       id, (*pool)->layout, (*pool)->pages.get(), *std::move(policy),
       *std::move(budgets), *std::move(quota));
@@ -168,6 +167,97 @@ absl::StatusOr<SessionId> CacheStore::CreateSession(const SessionSpec& spec) {
   Register(*std::move(session), spec.tenant, spec.policy, spec.idempotency_key,
            *idle_timeout);
   return id;
+}
+
+SessionId CacheStore::NewSessionId() {
+  SessionId id = 0;
+  while (id == 0 || sessions_.contains(id)) id = absl::Uniform<SessionId>(rng_);
+  return id;
+}
+
+std::optional<SessionId> CacheStore::Idempotent(const std::string& tenant,
+                                                const std::string& key) const {
+  if (key.empty()) return std::nullopt;
+  auto it = idempotency_.find(std::pair(tenant, key));
+  if (it == idempotency_.end()) return std::nullopt;
+  return it->second;
+}
+
+absl::StatusOr<SessionId> CacheStore::ForkSession(SessionId parent,
+                                                  const ForkSpec& spec) {
+  absl::StatusOr<std::shared_ptr<Entry>> entry = Find(parent);
+  if (!entry.ok()) return entry.status();
+  const SessionInfo& info = (*entry)->info;
+  absl::StatusOr<const Pool*> pool = FindPool(info.layout);
+  if (!pool.ok()) return pool.status();
+  // Null and empty: the parent's own.
+  PolicyPtr policy;
+  std::vector<int64_t> budgets;
+  const PolicySpec policy_spec = spec.policy.value_or((*entry)->policy_spec);
+  if (spec.policy.has_value() || spec.budget.has_value()) {
+    absl::StatusOr<PolicyPtr> made = NewPolicy(policy_spec);
+    if (!made.ok()) return made.status();
+    policy = *std::move(made);
+  }
+  if (spec.budget.has_value()) {
+    absl::StatusOr<std::vector<int64_t>> made = LayerBudgets(
+        *spec.budget, (*pool)->layout.num_layers, policy->protected_tokens());
+    if (!made.ok()) return made.status();
+    budgets = *std::move(made);
+  }
+  absl::StatusOr<absl::Duration> idle_timeout =
+      spec.idle_timeout == absl::ZeroDuration()
+          ? (*entry)->idle_timeout
+          : ResolveIdleTimeout(options_.lease, info.tenant, spec.idle_timeout);
+  if (!idle_timeout.ok()) return idle_timeout.status();
+  SessionId id = 0;
+  std::shared_ptr<PageQuota> quota;
+  {
+    absl::MutexLock lock(&mu_);
+    if (std::optional<SessionId> made =
+            Idempotent(info.tenant, spec.idempotency_key)) {
+      return *made;
+    }
+    absl::StatusOr<std::shared_ptr<PageQuota>> q = Admit(info.tenant);
+    if (!q.ok()) return q.status();
+    quota = *std::move(q);
+    id = NewSessionId();
+  }
+  // The parent's lock only (never with the store's, as every call).
+  absl::StatusOr<std::unique_ptr<Session>> child =
+      ForkUnderLock(parent, id, std::move(policy), std::move(budgets), quota);
+  if (!child.ok()) return child.status();
+  absl::MutexLock lock(&mu_);
+  // Checked again: the limits may have filled, a create taken the id, or a
+  // retry of this fork won, meanwhile. A refused child lets its pages go.
+  if (std::optional<SessionId> made =
+          Idempotent(info.tenant, spec.idempotency_key)) {
+    return *made;
+  }
+  if (sessions_.contains(id)) {
+    return absl::AbortedError(
+        absl::StrCat(SessionLabel(id), " was taken meanwhile; fork again"));
+  }
+  if (absl::Status s = Admit(info.tenant).status(); !s.ok()) return s;
+  Register(*std::move(child), info.tenant, policy_spec, spec.idempotency_key,
+           *idle_timeout);
+  return id;
+}
+
+absl::StatusOr<std::unique_ptr<Session>> CacheStore::ForkUnderLock(
+    SessionId parent, SessionId child, PolicyPtr policy,
+    std::vector<int64_t> budgets, std::shared_ptr<PageQuota> quota) {
+  return WithEntry(parent,
+                   [&](const Entry& entry,
+                       Session& s) -> absl::StatusOr<std::unique_ptr<Session>> {
+                     if (entry.transferring) {
+                       return absl::UnavailableError(absl::StrCat(
+                           SessionLabel(parent), entry.Transferring(),
+                           "; fork it once the transfer is done"));
+                     }
+                     return s.Fork(child, std::move(policy), std::move(budgets),
+                                   std::move(quota));
+                   });
 }
 
 absl::Status CacheStore::ReadSlots(SessionId id, int32_t layer, int64_t first,

@@ -111,8 +111,22 @@ class CacheStore {
   // spec with an idempotency key that its tenant already used returns the
   // session that key created, if it is still open.
   absl::StatusOr<SessionId> CreateSession(const SessionSpec& spec);
-  // Frees every page of the session. NOT_FOUND if it does not exist.
+  // Frees every page of the session (a page it shares with a fork stays
+  // with the fork). NOT_FOUND if it does not exist.
   absl::Status CloseSession(SessionId id);
+
+  // A new session of the parent's tenant and layout at the parent's current
+  // state, sharing its pages copy-on-write (Session::Fork): nothing is
+  // copied now; a page is copied when either side first writes into it.
+  // The parent is unchanged. The child's policy and budget are the
+  // parent's unless `spec` gives others. NOT_FOUND for an unknown parent;
+  // UNAVAILABLE while the parent is being transferred (retry once the
+  // transfer is done); INVALID_ARGUMENT for a bad policy or budget;
+  // RESOURCE_EXHAUSTED past max_sessions or the tenant's session limit. The
+  // fork waits for a call in flight on the parent, so it never sees one
+  // half done (an append mid-compaction). A spec with an idempotency key
+  // the tenant already used returns the session that key made, if open.
+  absl::StatusOr<SessionId> ForkSession(SessionId parent, const ForkSpec& spec);
 
   // The session's whole state (session_snapshot.h), taken under its lock.
   // NOT_FOUND if it does not exist.
@@ -308,6 +322,16 @@ class CacheStore {
   // session limit (a refusal is counted against the tenant); its quota.
   absl::StatusOr<std::shared_ptr<PageQuota>> Admit(const std::string& tenant)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An id no session has.
+  SessionId NewSessionId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The session `key` of `tenant` made, if any.
+  std::optional<SessionId> Idempotent(const std::string& tenant,
+                                      const std::string& key) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ForkSession's child, made under the parent's lock.
+  absl::StatusOr<std::unique_ptr<Session>> ForkUnderLock(
+      SessionId parent, SessionId child, PolicyPtr policy,
+      std::vector<int64_t> budgets, std::shared_ptr<PageQuota> quota);
   // Adds a made session to the map, its tenant and the observer.
   void Register(std::unique_ptr<Session> session, const std::string& tenant,
                 PolicySpec policy, const std::string& idempotency_key,

@@ -3,7 +3,8 @@
 // in and out in one copy each way. Built only with the CUDA backend.
 //
 // A session call's batch (step_batch.h) is staged whole in one pinned
-// buffer and uploaded with one copy; then, stage by stage, the compaction
+// buffer and uploaded with one copy; then, stage by stage, the page copies
+// (copy-on-write: one device-to-device cudaMemcpyAsync each), the compaction
 // moves of every layer run as one LaunchCompactLayers, each write as a
 // LaunchWriteSlots and each scoring as a LaunchQueryAttention; every scoring
 // output comes back with one copy, and the host waits for the stream once.
@@ -61,13 +62,14 @@ class StagingPlan {
 // needs more gets a segment of its own.
 constexpr size_t kStagingBound = size_t{256} << 20;
 
-// One launch of a batch: a stage's compaction moves (every layer in one
+// One launch of a batch: a stage's page copies (one device-to-device copy
+// each, nothing staged), a stage's compaction moves (every layer in one
 // LaunchCompactLayers), one write, or a group of one scoring's rows.
 struct Piece {
-  enum class Kind : uint8_t { kMoves, kWrite, kScoring };
+  enum class Kind : uint8_t { kCopies, kMoves, kWrite, kScoring };
   Kind kind = Kind::kWrite;
-  size_t entry = 0;       // kMoves: the stage's first moves entry; else it
-  size_t entries = 1;     // kMoves: the stage's moves entries
+  size_t entry = 0;       // kCopies, kMoves: the stage's first entry; else it
+  size_t entries = 1;     // kCopies, kMoves: the stage's entries of that kind
   int32_t first_row = 0;  // kScoring: rows [first_row, first_row + rows)
   int32_t rows = 0;
 };
@@ -103,12 +105,17 @@ size_t QueryRowBytes(const StepBatch& b, const StepBatch::Scoring& e) {
          static_cast<size_t>(b.layout().head_dim);
 }
 
-// The batch's launches in order: per stage, its moves, its writes, its
-// scorings.
+// The batch's launches in order: per stage, its page copies, its moves, its
+// writes, its scorings.
 std::vector<Piece> PlanPieces(const StepBatch& b) {
   std::vector<Piece> pieces;
-  size_t m = 0, w = 0, s = 0;
+  size_t c = 0, m = 0, w = 0, s = 0;
   for (int32_t stage = 0; stage < b.stages(); ++stage) {
+    const size_t first_copy = c;
+    while (c < b.copies().size() && b.copies()[c].stage == stage) ++c;
+    if (c > first_copy) {
+      pieces.push_back(Piece{Piece::Kind::kCopies, first_copy, c - first_copy});
+    }
     const size_t first_moves = m;
     while (m < b.moves().size() && b.moves()[m].stage == stage) ++m;
     if (m > first_moves) {
@@ -140,6 +147,8 @@ size_t WorkspaceBytes(const StepBatch& b, const Piece& p) {
 void PlaceInputs(const StepBatch& b, const Piece& p, StagingPlan& plan,
                  PieceAt& at, std::vector<MovesAt>& entries_at) {
   switch (p.kind) {
+    case Piece::Kind::kCopies:
+      return;
     case Piece::Kind::kMoves:
       at.first = plan.Add(sizeof(cuda::CompactLayer) * p.entries);
       for (size_t i = p.entry; i < p.entry + p.entries; ++i) {
@@ -330,6 +339,8 @@ class Lane {
   // CompactLayer records that point into device staging).
   void FillInputs(const StepBatch& b, const Piece& p, const PieceAt& at) {
     switch (p.kind) {
+      case Piece::Kind::kCopies:
+        return;
       case Piece::Kind::kMoves:
         for (size_t k = 0; k < p.entries; ++k) {
           const StepBatch::Moves& e = b.moves()[p.entry + k];
@@ -390,6 +401,18 @@ class Lane {
   cudaError_t Launch(const StepBatch& b, const Piece& p, const PieceAt& at,
                      std::byte* workspace) {
     switch (p.kind) {
+      case Piece::Kind::kCopies: {
+        const size_t page_bytes = static_cast<size_t>(b.layout().page_bytes());
+        for (size_t k = p.entry; k < p.entry + p.entries; ++k) {
+          const StepBatch::PageCopy& e = b.copies()[k];
+          const cudaError_t copied =
+              cudaMemcpyAsync(arena_ + static_cast<size_t>(e.to) * page_bytes,
+                              arena_ + static_cast<size_t>(e.from) * page_bytes,
+                              page_bytes, cudaMemcpyDeviceToDevice, stream_);
+          if (copied != cudaSuccess) return copied;
+        }
+        return cudaSuccess;
+      }
       case Piece::Kind::kMoves: {
         size_t max_moves = 0;
         for (size_t k = 0; k < p.entries; ++k) {

@@ -1,12 +1,17 @@
 #include "cache_store/page_pool.h"
 
+#include <algorithm>
 #include <limits>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace kvkeep {
 namespace {
-constexpr OwnerId kFree = std::numeric_limits<OwnerId>::max();
+
+bool Holds(const absl::InlinedVector<OwnerId, 1>& holders, OwnerId owner) {
+  return std::find(holders.begin(), holders.end(), owner) != holders.end();
+}
 
 absl::StatusOr<std::unique_ptr<PageMemory>> CheckedFor(
     const PageLayout& layout, std::unique_ptr<PageMemory> memory) {
@@ -51,7 +56,7 @@ PagePool::PagePool(const PageLayout& layout, int64_t capacity_pages,
   for (int64_t p = capacity_pages - 1; p >= 0; --p) {
     free_.push_back(static_cast<PageId>(p));
   }
-  owner_of_.assign(capacity_pages, kFree);
+  holders_.resize(capacity_pages);
 }
 
 absl::Status PagePool::Allocate(OwnerId owner, int64_t n,
@@ -72,30 +77,85 @@ absl::Status PagePool::Allocate(OwnerId owner, int64_t n,
   for (int64_t i = 0; i < n; ++i) {
     const PageId p = free_.back();
     free_.pop_back();
-    owner_of_[p] = owner;
+    holders_[p].push_back(owner);
     pages->push_back(p);
   }
   held_[owner] += n;
+  page_references_ += n;
   return absl::OkStatus();
 }
 
-void PagePool::Free(OwnerId owner, std::span<const PageId> pages) {
-  if (pages.empty()) return;
+absl::Status PagePool::Share(OwnerId from, OwnerId holder,
+                             std::span<const PageId> pages) {
+  if (from == holder) {
+    return absl::InvalidArgumentError(
+        "an owner cannot share pages with itself");
+  }
+  if (pages.empty()) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
-  int64_t freed = 0;
+  absl::flat_hash_set<PageId> seen;
+  seen.reserve(pages.size());
   for (PageId p : pages) {
-    if (p < 0 || p >= capacity_pages_ || owner_of_[p] != owner) {
+    if (p < 0 || p >= capacity_pages_ || !Holds(holders_[p], from) ||
+        Holds(holders_[p], holder) || !seen.insert(p).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "page ", p,
+          " cannot be shared: it is not held by the owner sharing "
+          "it, is already held by the new holder, or is named twice"));
+    }
+  }
+  for (PageId p : pages) {
+    if (holders_[p].size() == 1) ++shared_pages_;
+    holders_[p].push_back(holder);
+  }
+  held_[holder] += static_cast<int64_t>(pages.size());
+  page_references_ += static_cast<int64_t>(pages.size());
+  return absl::OkStatus();
+}
+
+int64_t PagePool::Free(OwnerId owner, std::span<const PageId> pages) {
+  if (pages.empty()) return 0;
+  absl::MutexLock lock(&mu_);
+  int64_t let_go = 0;
+  int64_t returned = 0;
+  for (PageId p : pages) {
+    auto* holders = p >= 0 && p < capacity_pages_ ? &holders_[p] : nullptr;
+    auto it = holders == nullptr
+                  ? nullptr
+                  : std::find(holders->begin(), holders->end(), owner);
+    if (holders == nullptr || it == holders->end()) {
       ++rejected_frees_;
       continue;
     }
-    owner_of_[p] = kFree;
-    free_.push_back(p);
-    ++freed;
+    holders->erase(it);
+    ++let_go;
+    if (holders->size() == 1) --shared_pages_;
+    if (holders->empty()) {
+      free_.push_back(p);
+      ++returned;
+    }
   }
-  if (freed == 0) return;
-  auto it = held_.find(owner);
-  it->second -= freed;
-  if (it->second == 0) held_.erase(it);
+  page_references_ -= let_go;
+  if (let_go == 0) return 0;
+  auto held = held_.find(owner);
+  held->second -= let_go;
+  if (held->second == 0) held_.erase(held);
+  return returned;
+}
+
+int32_t PagePool::Holders(PageId p) const {
+  if (p < 0 || p >= capacity_pages_) return 0;
+  absl::MutexLock lock(&mu_);
+  return static_cast<int32_t>(holders_[p].size());
+}
+
+int64_t PagePool::CountShared(std::span<const PageId> pages) const {
+  absl::MutexLock lock(&mu_);
+  int64_t shared = 0;
+  for (PageId p : pages) {
+    if (p >= 0 && p < capacity_pages_ && holders_[p].size() > 1) ++shared;
+  }
+  return shared;
 }
 
 int64_t PagePool::PagesHeldBy(OwnerId owner) const {
@@ -110,6 +170,8 @@ PoolStats PagePool::stats() const {
                    capacity_pages_ - static_cast<int64_t>(free_.size()),
                    layout_.page_bytes(),
                    static_cast<int64_t>(held_.size()),
+                   shared_pages_,
+                   page_references_,
                    allocation_failures_,
                    rejected_frees_};
 }

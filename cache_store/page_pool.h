@@ -3,6 +3,16 @@
 // for n pages is all or nothing. The pool never over-commits: when pages run
 // out, Allocate returns RESOURCE_EXHAUSTED and changes nothing.
 //
+// A page may have several holders (forked sessions share their parent's
+// pages copy-on-write: Share). Each page keeps the list of its holders, so
+// its reference count is exact and a free by an owner that does not hold it
+// is refused; the page returns to the free list when its last holder frees
+// it. A page with more than one holder is read-only by contract: a holder
+// that wants to write it copies it to a page of its own first (Session does;
+// the pool only counts). Nothing but Share adds a holder, and only a holder
+// may share, so a page with one holder stays unshared until that holder
+// shares it.
+//
 // The arena's bytes are owned by the pool, in its PageMemory (host memory or
 // a GPU); a page's bytes belong to whoever holds the page, who reads and
 // writes them through memory(). Thread-safe.
@@ -17,6 +27,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -29,9 +40,14 @@ using OwnerId = uint64_t;
 
 struct PoolStats {
   int64_t capacity_pages = 0;
-  int64_t used_pages = 0;
+  int64_t used_pages = 0;  // physical pages in use, each counted once
   int64_t page_bytes = 0;
-  int64_t owners = 0;               // owners holding at least one page
+  int64_t owners = 0;  // owners holding at least one page
+  // Pages with more than one holder, and holdings summed over every page
+  // (used_pages when nothing is shared): page_references - used_pages pages
+  // are what sharing saves.
+  int64_t shared_pages = 0;
+  int64_t page_references = 0;
   int64_t allocation_failures = 0;  // RESOURCE_EXHAUSTED answers so far
   int64_t rejected_frees = 0;       // pages freed by an owner not holding them
 };
@@ -53,11 +69,26 @@ class PagePool {
   [[nodiscard]] absl::Status Allocate(OwnerId owner, int64_t n,
                                       std::vector<PageId>* pages);
 
-  // Returns pages held by owner. A page the owner does not hold (a bug in
-  // the caller) is left alone, so it can never be handed out twice; the
-  // count of such pages is PoolStats::rejected_frees.
-  void Free(OwnerId owner, std::span<const PageId> pages);
+  // Makes `holder` a holder of each of `pages`, all of which `from` holds:
+  // all or nothing. INVALID_ARGUMENT when holder == from, a page is out of
+  // range, not held by `from`, already held by `holder`, or named twice.
+  [[nodiscard]] absl::Status Share(OwnerId from, OwnerId holder,
+                                   std::span<const PageId> pages);
 
+  // Lets go of pages held by owner; a page goes back to the free list when
+  // its last holder lets go. Returns how many did (the pages the pool got
+  // back). A page the owner does not hold (a bug in the caller) is left
+  // alone, so it can never be handed out twice; the count of such pages is
+  // PoolStats::rejected_frees.
+  int64_t Free(OwnerId owner, std::span<const PageId> pages);
+
+  // Holders of page p: 0 when free, more than 1 when shared. Stable while
+  // the caller is p's only holder (nobody else can share it).
+  int32_t Holders(PageId p) const;
+  // How many of `pages` have more than one holder (one lock for all).
+  int64_t CountShared(std::span<const PageId> pages) const;
+
+  // Pages owner holds, shared ones included.
   int64_t PagesHeldBy(OwnerId owner) const;
   PoolStats stats() const;
 
@@ -80,7 +111,10 @@ class PagePool {
   mutable absl::Mutex mu_;
   std::vector<PageId> free_ ABSL_GUARDED_BY(mu_);  // a stack of free pages
   absl::flat_hash_map<OwnerId, int64_t> held_ ABSL_GUARDED_BY(mu_);
-  std::vector<OwnerId> owner_of_ ABSL_GUARDED_BY(mu_);  // per page
+  // Per page: its holders (empty when free), in the order they came.
+  std::vector<absl::InlinedVector<OwnerId, 1>> holders_ ABSL_GUARDED_BY(mu_);
+  int64_t shared_pages_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t page_references_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t allocation_failures_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t rejected_frees_ ABSL_GUARDED_BY(mu_) = 0;
 };

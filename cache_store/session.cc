@@ -229,6 +229,7 @@ SessionSnapshot Session::Snapshot(bool with_bytes) const {
 
 Session::~Session() {
   for (Layer& layer : layers_) FreePages(layer.pages);
+  FreePages(spare_);
 }
 
 absl::Status Session::AllocatePages(int64_t n, std::vector<PageId>* pages) {
@@ -242,10 +243,9 @@ absl::Status Session::AllocatePages(int64_t n, std::vector<PageId>* pages) {
 }
 
 void Session::FreePages(std::span<const PageId> pages) {
-  pool_->Free(id_, pages);
-  if (quota_ != nullptr) {
-    quota_->Release(static_cast<int64_t>(pages.size()) *
-                    page_layout_.page_bytes());
+  const int64_t returned = pool_->Free(id_, pages);
+  if (quota_ != nullptr && returned > 0) {
+    quota_->Release(returned * page_layout_.page_bytes());
   }
 }
 
@@ -270,6 +270,7 @@ void Session::ResetResult(StepResult& result) const {
     change.moves.clear();
     change.pages_freed.clear();
     change.pages_added.clear();
+    change.pages_copied.clear();
   }
 }
 
@@ -283,8 +284,11 @@ absl::Status Session::DeviceCheck(absl::Status status) const {
 }
 
 void Session::RunBatch() {
-  DeviceCheck(pool_->memory().RunStep(batch_))
-      .IgnoreError();  // recorded in device_error_, reported by the caller
+  // After an error nothing more runs: the batch may write a shared page.
+  if (device_error_.ok()) {
+    DeviceCheck(pool_->memory().RunStep(batch_))
+        .IgnoreError();  // recorded in device_error_, reported by the caller
+  }
   batch_.Clear();
   if (!pending_free_.empty()) {
     FreePages(pending_free_);
@@ -313,6 +317,15 @@ void Session::Evict(Layer& layer, int64_t count, int64_t appended_view,
 
   std::vector<SlotMove>& moves = moves_;
   PlanCompaction(victims_, old_size, evicted_flags_, moves);
+  if (may_share_) {
+    // The moves write their targets' pages: make those the layer's own.
+    int64_t last = -1;
+    for (const SlotMove& m : moves) {
+      const int64_t index = m.to_slot / layout_.page_tokens;
+      if (index != last) MakeWritable(layer, index, change);
+      last = index;
+    }
+  }
   batch_.AddMoves(layer.pages, moves);
   MoveSlotValues(layer.position, moves, new_size);
   MoveSlotValues(layer.arrival, moves, new_size);
@@ -376,6 +389,7 @@ absl::StatusOr<StepResult> Session::Append(const AppendRequest& request) {
   StepResult result;
   const absl::Status s = ApplyAppend(request, result);
   RunBatch();
+  ReleaseSpare();
   if (!device_error_.ok()) return device_error_;
   if (!s.ok()) return s;
   return result;
@@ -392,6 +406,7 @@ absl::Status Session::ApplyAppend(const AppendRequest& request,
   plans.assign(layers_.size(), AppendPlan{});
   const CommonParams& common = policy_->common();
   int64_t pages_needed = 0;
+  int64_t copies = 0;  // spare pages for copy-on-write
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& layer = layers_[l];
     AppendPlan& plan = plans[l];
@@ -432,11 +447,15 @@ absl::Status Session::ApplyAppend(const AppendRequest& request,
     pages_needed += std::max<int64_t>(
         0, CeilDiv(kept + n - plan.drop, layout_.page_tokens) -
                static_cast<int64_t>(layer.pages.size()));
+    copies += CopyBound(layer, plan.evict, n - plan.drop);
   }
   // Pages first, all or nothing, so a full pool changes nothing.
   std::vector<PageId>& new_pages = new_pages_;
   new_pages.clear();
-  if (absl::Status s = AllocatePages(pages_needed, &new_pages); !s.ok()) {
+  absl::Status s = ReserveCopies(copies);
+  if (s.ok()) s = AllocatePages(pages_needed, &new_pages);
+  if (!s.ok()) {
+    ReleaseSpare();
     return absl::Status(s.code(), SessionMessage(id_, "append of ", n,
                                                  " tokens: ", s.message()));
   }
@@ -452,6 +471,7 @@ absl::Status Session::ApplyAppend(const AppendRequest& request,
     const int64_t first = layer.size();
     const int64_t size = first + n - plan.drop;
     const int64_t pages_wanted = CeilDiv(size, layout_.page_tokens);
+    MakeSlotsWritable(layer, first, size, change);
     while (static_cast<int64_t>(layer.pages.size()) < pages_wanted) {
       layer.pages.push_back(new_pages[next_page]);
       change.pages_added.push_back(new_pages[next_page]);
@@ -679,9 +699,15 @@ absl::Status Session::Step(const AppendRequest& append,
       !s.ok()) {
     return s;
   }
+  if (absl::Status s =
+          ReserveCopies(AttentionCopyBound(scores, growth, /*compress=*/false));
+      !s.ok()) {
+    return s;
+  }
   if (absl::Status s = ApplyAppend(append, out.append); !s.ok()) return s;
   FinishAttention(scores, scratch.row_ptrs);
   ApplyAttention(scores, scratch.row_ptrs, /*compress=*/false, out.scores);
+  ReleaseSpare();
   return device_error_;
 }
 
@@ -706,8 +732,14 @@ absl::Status Session::ScoresInto(std::span<const LayerScores> scores,
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = ReserveCopies(
+          AttentionCopyBound(scores, /*growth=*/0, /*compress=*/false));
+      !s.ok()) {
+    return s;
+  }
   FinishAttention(scores, scratch.row_ptrs);
   ApplyAttention(scores, scratch.row_ptrs, /*compress=*/false, result);
+  ReleaseSpare();
   return device_error_;
 }
 
@@ -744,9 +776,15 @@ absl::StatusOr<StepResult> Session::CompressPrompt(
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = ReserveCopies(
+          AttentionCopyBound(window, /*growth=*/0, /*compress=*/true));
+      !s.ok()) {
+    return s;
+  }
   FinishAttention(window, scratch.row_ptrs);
   StepResult result;
   ApplyAttention(window, scratch.row_ptrs, /*compress=*/true, result);
+  ReleaseSpare();
   return AfterDevice(absl::StatusOr<StepResult>(std::move(result)));
 }
 
@@ -796,6 +834,7 @@ SessionStats Session::stats() const {
   for (const Layer& layer : layers_) {
     s.resident_tokens += layer.size();
     s.pages += static_cast<int64_t>(layer.pages.size());
+    if (may_share_) s.shared_pages += pool_->CountShared(layer.pages);
     s.layer_resident.push_back(layer.size());
     s.layer_budget.push_back(layer.budget);
     s.layer_version.push_back(layer.version);

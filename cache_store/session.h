@@ -9,6 +9,16 @@
 // succeeds and reports what it changed, or fails with a status and changes
 // nothing.
 //
+// Fork makes a child that shares every page with its parent, copy-on-write:
+// neither ever writes a page another session also holds. Whatever would
+// write into one (an append into a partly filled page, a compaction move, an
+// eviction settling an over-budget layer) first copies the whole page to a
+// page of its own, in the same batch, and reports it (LayerChange::
+// pages_copied). The pages those copies may need are reserved before the
+// call changes anything (a bound from the call's shape), so a full pool
+// still fails the call cleanly. A session that never forked and was never
+// forked from skips all of this.
+//
 // Not thread-safe: the store serialises the calls on one session.
 #ifndef KVKEEP_CACHE_STORE_SESSION_H_
 #define KVKEEP_CACHE_STORE_SESSION_H_
@@ -58,7 +68,21 @@ class Session {
   absl::Status WriteSlots(int32_t layer, int64_t first,
                           std::span<const std::byte> keys,
                           std::span<const std::byte> values);
-  ~Session();  // returns every page to the pool
+  ~Session();  // lets go of every page (shared ones stay with the others)
+
+  // A new session `child` at this session's current state (tokens, slots,
+  // scores, versions, positions), holding the same pages, shared
+  // copy-on-write. It evicts on its own from then on, with `policy` (null:
+  // this session's) and `layer_budgets` (empty: this session's; a budget
+  // below the resident tokens is evicted down to on the child's next call
+  // that evicts). Its work counters start at zero. Pages are charged to
+  // `quota` only when a write copies them (the pool counts a shared page
+  // once). INVALID_ARGUMENT for a policy or budgets that do not fit the
+  // layout; this session's device error if it has one. This session is
+  // unchanged except that its pages are now shared.
+  absl::StatusOr<std::unique_ptr<Session>> Fork(
+      SessionId child, PolicyPtr policy, std::vector<int64_t> layer_budgets,
+      std::shared_ptr<PageQuota> quota) const;
 
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -146,7 +170,30 @@ class Session {
           std::shared_ptr<PageQuota> quota);
   // Pages from the pool, charged to the quota: all or nothing.
   absl::Status AllocatePages(int64_t n, std::vector<PageId>* pages);
+  // Lets go of pages; the quota is credited for those the pool got back.
   void FreePages(std::span<const PageId> pages);
+
+  // Copy-on-write (see the class comment). The spare pages a layer's
+  // eviction of `evict` tokens followed by writes of `incoming` tokens may
+  // need: at most one per shared page written, and an eviction writes into
+  // at most one page per victim (count + page_tokens - 1 for page-level
+  // policies); writes touch at most the partly filled page, or, after an
+  // eviction, the pages the incoming tokens span.
+  int64_t CopyBound(const Layer& layer, int64_t evict, int64_t incoming) const;
+  // The same for the evictions `scores` may cause after `growth` more tokens.
+  int64_t AttentionCopyBound(std::span<const LayerScores> scores,
+                             int64_t growth, bool compress) const;
+  // Adds n pages to spare_, all or nothing.
+  absl::Status ReserveCopies(int64_t n);
+  // Makes the page at `index` of `layer` one only this session holds,
+  // copying it (in batch_) to a spare page if it is shared.
+  void MakeWritable(Layer& layer, int64_t index, LayerChange& change);
+  // MakeWritable for the pages the layer already has that hold slots
+  // [first, end) (the slots an append is about to write).
+  void MakeSlotsWritable(Layer& layer, int64_t first, int64_t end,
+                         LayerChange& change);
+  // Returns the spare pages a call did not use (at its end).
+  void ReleaseSpare();
 
   LayerTokens Tokens(Layer& layer);
   // Tokens to evict so the layer drops to budget - slack, if over budget.
@@ -209,6 +256,10 @@ class Session {
   int64_t last_position_ = -1;
   SessionWork work_;
   bool compressed_ = false;
+  // Set on both sides of a fork: pages may be shared, so writes check.
+  mutable bool may_share_ = false;
+  // Pages reserved for the current call's copies (empty between calls).
+  std::vector<PageId> spare_;
   mutable absl::Status device_error_;
   // The page work of the current call, every layer (moves, writes, query
   // scoring), run as one batch by RunBatch; and the pages its evictions

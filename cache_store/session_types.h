@@ -54,6 +54,16 @@ struct SessionSpec {
   absl::Duration idle_timeout;
 };
 
+// What a fork's child changes from its parent (CacheStore::ForkSession);
+// anything unset is the parent's.
+struct ForkSpec {
+  std::optional<PolicySpec> policy;  // another policy, parameters and all
+  std::optional<BudgetSpec> budget;  // another budget
+  std::string idempotency_key;  // optional: a retried fork returns the same
+  // The child's lease (lease.h); ZeroDuration: the parent's idle timeout.
+  absl::Duration idle_timeout;
+};
+
 // One layer's keys and values for the n tokens of an append, in the layout's
 // dtype: [n][kv_heads][head_dim] each.
 struct LayerKv {
@@ -91,8 +101,20 @@ struct LayerScores {
   std::span<const float> data;
 };
 
+// A block-table entry a call replaced: the layer's page at `index` was
+// shared with a forked session, so before writing into it the session copied
+// it whole to a page of its own, `to`, which holds the same tokens.
+struct PageCopy {
+  int32_t index = 0;  // in the block table
+  PageId from = 0;
+  PageId to = 0;
+  friend bool operator==(const PageCopy&, const PageCopy&) = default;
+};
+
 // What one call changed in one layer. A worker holding the block table
 // (the page list, and the position in each slot) follows it in this order:
+//   0. replace pages[index] by `to` for each of `pages_copied` (only a
+//      session that shares pages with a fork copies any);
 //   1. apply `moves` in order: the token at from_slot is now at to_slot;
 //   2. keep slots [0, resident - k), where k is the number of this call's new
 //      tokens that are not in `evicted_positions`, and drop `pages_freed`
@@ -107,8 +129,9 @@ struct LayerChange {
   // Ascending. For an append, may include new tokens evicted on arrival.
   std::vector<int64_t> evicted_positions;
   std::vector<SlotMove> moves;
-  std::vector<PageId> pages_freed;  // were the last pages of the block table
-  std::vector<PageId> pages_added;  // now the last pages of the block table
+  std::vector<PageId> pages_freed;     // were the last pages of the block table
+  std::vector<PageId> pages_added;     // now the last pages of the block table
+  std::vector<PageCopy> pages_copied;  // copy-on-write, see above
 };
 
 struct StepResult {
@@ -150,7 +173,10 @@ struct SessionStats {
   std::string tenant;
   int64_t resident_tokens = 0;  // summed over layers
   int64_t pages = 0;
-  int64_t bytes = 0;           // pages * page bytes
+  int64_t bytes = 0;  // pages * page bytes
+  // Of `pages`, those another session holds too (a fork's parent, child or
+  // sibling): counted in full here, once in the pool and the tenant's bytes.
+  int64_t shared_pages = 0;
   int64_t evicted_tokens = 0;  // summed over layers, since creation
   double evicted_score = 0;    // the policy scores of evicted tokens, summed
   int64_t score_updates = 0;   // layer score updates applied

@@ -13,6 +13,10 @@ StepBatch::Range StepBatch::CopyPages(std::span<const PageId> pages) {
   return r;
 }
 
+void StepBatch::AddPageCopy(PageId from, PageId to) {
+  copies_.push_back(PageCopy{stage_, from, to});
+}
+
 void StepBatch::AddMoves(std::span<const PageId> pages,
                          std::span<const SlotMove> moves) {
   if (moves.empty()) return;
@@ -64,6 +68,7 @@ void StepBatch::AddScoring(std::span<const PageId> pages,
 
 void StepBatch::Clear() {
   stage_ = 0;
+  copies_.clear();
   moves_.clear();
   writes_.clear();
   scorings_.clear();
@@ -76,8 +81,12 @@ void RunStepOnHost(std::byte* arena, const StepBatch& batch) {
   const PageLayout& layout = batch.layout();
   // Reused per thread: the logits of one row, every query head.
   thread_local std::vector<float> scratch;
-  size_t m = 0, w = 0, s = 0;
+  size_t c = 0, m = 0, w = 0, s = 0;
   for (int32_t stage = 0; stage < batch.stages(); ++stage) {
+    for (; c < batch.copies().size() && batch.copies()[c].stage == stage; ++c) {
+      CopyPageBytes(arena, layout, batch.copies()[c].from,
+                    batch.copies()[c].to);
+    }
     for (; m < batch.moves().size() && batch.moves()[m].stage == stage; ++m) {
       const StepBatch::Moves& e = batch.moves()[m];
       MoveSlotBytes(arena, layout, batch.pages(e.pages),

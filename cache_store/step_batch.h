@@ -7,10 +7,12 @@
 // RunStep returns.
 //
 // A batch is a sequence of stages (NextStage starts one). Within a stage,
-// every compaction move runs first, then every write of new tokens, then
-// every query scoring, which sees the bytes the moves and writes left. The
-// entries of one kind in one stage must touch disjoint slots (in practice:
-// one entry per layer, and layers never share pages).
+// every whole-page copy runs first (copy-on-write of a page a forked session
+// shares, before anything writes into the copy), then every compaction move,
+// then every write of new tokens, then every query scoring, which sees the
+// bytes the copies, moves and writes left. The entries of one kind in one
+// stage must touch disjoint slots (in practice: one entry per layer, and
+// layers never write a page another holder can see).
 //
 // Ownership: block tables, moves and row orders are copied when recorded
 // (the session changes its tables while it records a step); every other
@@ -42,6 +44,12 @@ class StepBatch {
   // MoveSlotBytes (kernels/compaction.h) of one layer: moves as
   // PlanCompaction gives them (sources at or above the new end, targets
   // below it), so they are independent and may run in parallel.
+  // A whole page's bytes (keys, values and any scales) from `from` to `to`.
+  struct PageCopy {
+    int32_t stage = 0;
+    PageId from = 0;
+    PageId to = 0;
+  };
   struct Moves {
     int32_t stage = 0;
     Range pages;  // the layer's block table when the moves were planned
@@ -83,6 +91,8 @@ class StepBatch {
   void NextStage() {
     if (!empty()) ++stage_;
   }
+  // Records a copy of page `from` over page `to` (two distinct pages).
+  void AddPageCopy(PageId from, PageId to);
   // Records a layer's compaction moves (nothing when `moves` is empty).
   // `pages` is the block table the moves' slots refer to.
   void AddMoves(std::span<const PageId> pages, std::span<const SlotMove> moves);
@@ -102,12 +112,14 @@ class StepBatch {
   // Forgets every entry; keeps the capacity.
   void Clear();
   bool empty() const {
-    return moves_.empty() && writes_.empty() && scorings_.empty();
+    return copies_.empty() && moves_.empty() && writes_.empty() &&
+           scorings_.empty();
   }
   // Stages recorded so far: entries have stage in [0, stages()).
   int32_t stages() const { return empty() ? 0 : stage_ + 1; }
 
   // The entries, each in the order recorded (so by stage).
+  std::span<const PageCopy> copies() const { return copies_; }
   std::span<const Moves> moves() const { return moves_; }
   std::span<const Write> writes() const { return writes_; }
   std::span<const Scoring> scorings() const { return scorings_; }
@@ -126,6 +138,7 @@ class StepBatch {
 
   const PageLayout layout_;
   int32_t stage_ = 0;
+  std::vector<PageCopy> copies_;
   std::vector<Moves> moves_;
   std::vector<Write> writes_;
   std::vector<Scoring> scorings_;
@@ -134,10 +147,10 @@ class StepBatch {
   std::vector<int64_t> row_orders_;
 };
 
-// Runs `batch` over a host arena with the CPU twins: stage by stage, moves
-// (MoveSlotBytes), then writes (WriteSlotBytes), then scorings
-// (QueryAttention). The host PageMemory's RunStep, and the reference the CUDA
-// memory's is tested against.
+// Runs `batch` over a host arena with the CPU twins: stage by stage, page
+// copies (CopyPageBytes), moves (MoveSlotBytes), then writes
+// (WriteSlotBytes), then scorings (QueryAttention). The host PageMemory's
+// RunStep, and the reference the CUDA memory's is tested against.
 void RunStepOnHost(std::byte* arena, const StepBatch& batch);
 
 }  // namespace kvkeep

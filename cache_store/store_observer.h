@@ -41,6 +41,7 @@ struct SessionWork {
   double evicted_score = 0;      // the policy scores of evicted tokens, summed
   int64_t score_updates = 0;     // layer score updates applied
   int64_t evictions = 0;         // layer evictions that removed tokens
+  int64_t pages_copied = 0;      // shared pages copied before a write
   absl::Duration scoring_time;   // validating and folding scores
   absl::Duration eviction_time;  // choosing victims, compacting, freeing
 };

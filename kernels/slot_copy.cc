@@ -43,4 +43,11 @@ void ReadSlotBytes(const std::byte* arena, const PageLayout& layout,
   }
 }
 
+void CopyPageBytes(std::byte* arena, const PageLayout& layout, PageId from,
+                   PageId to) {
+  const int64_t bytes = layout.page_bytes();
+  std::memcpy(arena + static_cast<int64_t>(to) * bytes,
+              arena + static_cast<int64_t>(from) * bytes, bytes);
+}
+
 }  // namespace kvkeep

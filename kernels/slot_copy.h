@@ -1,6 +1,7 @@
 // Copies tokens' keys and values between a layer's slots in a page arena and
 // a dense buffer: the CPU references for the scatter (append, restore) and
-// gather (read, transfer) kernels. Thread-safe (no shared state).
+// gather (read, transfer) kernels; and whole pages within the arena.
+// Thread-safe (no shared state).
 //
 // Dense buffers are [n][kv_heads][head_dim] of the layout's dtype, one for
 // keys and one for values; slot s of the layer lives in pages[s / P] at
@@ -25,6 +26,11 @@ void WriteSlotBytes(std::byte* arena, const PageLayout& layout,
 void ReadSlotBytes(const std::byte* arena, const PageLayout& layout,
                    const PageId* pages, int64_t first, int64_t n,
                    std::byte* keys, std::byte* values);
+
+// Copies every byte of page `from` (keys, values and any scales) over page
+// `to`: the copy-on-write of a page that forked sessions share.
+void CopyPageBytes(std::byte* arena, const PageLayout& layout, PageId from,
+                   PageId to);
 
 }  // namespace kvkeep
 

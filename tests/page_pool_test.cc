@@ -346,5 +346,50 @@ TEST(PagePoolTest, NegativeCountIsInvalidArgument) {
   EXPECT_TRUE(pages.empty());
 }
 
+// Forks share pages: each page counts its holders, comes back to the free
+// list with its last one, and is counted once in used_pages.
+TEST(PagePoolTest, SharedPagesReturnWithTheirLastHolder) {
+  std::unique_ptr<PagePool> pool = MakePool(8);
+  ASSERT_NE(pool, nullptr);
+  std::vector<PageId> a;
+  ASSERT_TRUE(pool->Allocate(1, 3, &a).ok());
+  ASSERT_TRUE(pool->Share(1, 2, a).ok());
+  PoolStats s = pool->stats();
+  EXPECT_EQ(s.used_pages, 3);
+  EXPECT_EQ(s.page_references, 6);
+  EXPECT_EQ(s.shared_pages, 3);
+  EXPECT_EQ(s.owners, 2);
+  EXPECT_EQ(pool->Holders(a[0]), 2);
+  EXPECT_EQ(pool->CountShared(a), 3);
+  EXPECT_EQ(pool->PagesHeldBy(2), 3);
+
+  // Refused, all or nothing: itself, already held, not held, named twice.
+  EXPECT_EQ(pool->Share(1, 1, a).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool->Share(1, 2, a).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool->Share(3, 4, a).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool->Share(1, 3, std::vector<PageId>{a[1], a[0], a[1]}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool->Share(1, 3, std::vector<PageId>{a[0], 99}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool->stats().page_references, 6);
+  EXPECT_EQ(pool->PagesHeldBy(3), 0);
+
+  // The first holder lets go: nothing comes back yet.
+  EXPECT_EQ(pool->Free(1, a), 0);
+  s = pool->stats();
+  EXPECT_EQ(s.used_pages, 3);
+  EXPECT_EQ(s.page_references, 3);
+  EXPECT_EQ(s.shared_pages, 0);
+  EXPECT_EQ(pool->Holders(a[2]), 1);
+  EXPECT_EQ(pool->Free(1, a), 0);  // no longer its: refused
+  EXPECT_EQ(pool->stats().rejected_frees, 3);
+  EXPECT_EQ(pool->Free(2, a), 3);
+  s = pool->stats();
+  EXPECT_EQ(s.used_pages, 0);
+  EXPECT_EQ(s.page_references, 0);
+  EXPECT_EQ(s.owners, 0);
+  EXPECT_EQ(pool->Holders(a[0]), 0);
+}
+
 }  // namespace
 }  // namespace kvkeep

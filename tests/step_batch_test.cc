@@ -117,6 +117,37 @@ TEST(StepBatchTest, MovesThenWritesWithinAStageAndStagesInOrder) {
   EXPECT_EQ(TagAt(arena.data(), pages, 4), 2.0f);
 }
 
+// A page copy (copy-on-write) runs first in its stage, whenever recorded:
+// the moves and writes of that stage work on the copy, the source keeps its
+// bytes, and a later stage copies what an earlier one wrote.
+TEST(StepBatchTest, PageCopiesRunFirstInTheirStage) {
+  std::vector<std::byte> arena(5 * kLayout.page_bytes());
+  const std::vector<PageId> shared = {1};
+  const std::vector<std::byte> a = Token(1), b = Token(2), c = Token(3);
+  StepBatch setup(kLayout);
+  setup.AddWrite(shared, 0, 1, a.data(), a.data());
+  setup.AddWrite(shared, 1, 1, b.data(), b.data());
+  RunStepOnHost(arena.data(), setup);
+
+  const std::vector<PageId> own = {4};
+  StepBatch batch(kLayout);
+  const std::vector<SlotMove> moves = {{1, 0}};
+  batch.AddMoves(own, moves);
+  batch.AddWrite(own, 1, 1, c.data(), c.data());
+  batch.AddPageCopy(1, 4);  // recorded last, runs first
+  batch.NextStage();
+  batch.AddPageCopy(4, 2);
+  RunStepOnHost(arena.data(), batch);
+
+  EXPECT_EQ(TagAt(arena.data(), shared, 0), 1.0f);  // the source: untouched
+  EXPECT_EQ(TagAt(arena.data(), shared, 1), 2.0f);
+  EXPECT_EQ(TagAt(arena.data(), own, 0), 2.0f);  // moved within the copy
+  EXPECT_EQ(TagAt(arena.data(), own, 1), 3.0f);  // written into it
+  const std::vector<PageId> again = {2};
+  EXPECT_EQ(TagAt(arena.data(), again, 0), 2.0f);
+  EXPECT_EQ(TagAt(arena.data(), again, 1), 3.0f);
+}
+
 // Scoring runs after the stage's writes, and an empty order (every slot
 // visible) gives exactly what an order that hides nothing gives.
 TEST(StepBatchTest, ScoringSeesTheStagesWritesAndEmptyOrderHidesNothing) {

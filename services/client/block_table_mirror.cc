@@ -85,8 +85,16 @@ absl::Status BlockTableMirror::Check(
           absl::StrCat(where(), "resident ", c.resident(), " with ",
                        new_positions.size(), " new tokens from ", size));
     }
-    const int64_t freed = c.pages_freed_size();
     const int64_t pages = static_cast<int64_t>(layer.pages.size());
+    for (const v1::PageCopy& copy : c.pages_copied()) {
+      if (copy.index() < 0 || copy.index() >= pages ||
+          layer.pages[copy.index()] != copy.from_page()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where(), "a copy of page ", copy.from_page(), " at index ",
+            copy.index(), " that the table does not hold there"));
+      }
+    }
+    const int64_t freed = c.pages_freed_size();
     if (freed > pages ||
         !std::is_permutation(c.pages_freed().begin(), c.pages_freed().end(),
                              layer.pages.end() - freed)) {
@@ -108,6 +116,9 @@ absl::Status BlockTableMirror::Apply(const v1::StepResult& result,
   for (int32_t l = 0; l < num_layers(); ++l) {
     const v1::LayerChange& c = result.layers(l);
     Layer& layer = layers_[l];
+    for (const v1::PageCopy& copy : c.pages_copied()) {
+      layer.pages[copy.index()] = copy.to_page();
+    }
     for (const v1::SlotMove& m : c.moves()) {
       layer.positions[m.to_slot()] = layer.positions[m.from_slot()];
     }

@@ -496,6 +496,23 @@ absl::StatusOr<v1::KeepAliveResponse> Session::KeepAlive() const {
   return client::KeepAlive(*connection_, id_);
 }
 
+absl::StatusOr<Session> Session::Fork(v1::ForkSessionRequest request) const {
+  request.set_session_id(id_);
+  v1::ForkSessionResponse response;
+  absl::Status s = connection_->Call(
+      "ForkSession",
+      request.idempotency_key().empty() ? Retry::kNo : Retry::kOnUnavailable,
+      [&](grpc::ClientContext& context, int) {
+        response.Clear();
+        return connection_->stub().ForkSession(&context, request, &response);
+      });
+  if (!s.ok()) return s;
+  return Session(
+      connection_, response.session_id(), layout_,
+      {response.layer_budgets().begin(), response.layer_budgets().end()},
+      max_message_bytes_);
+}
+
 absl::StatusOr<v1::ServerInfo> Session::GetServerInfo() const {
   return connection_->GetServerInfo();
 }

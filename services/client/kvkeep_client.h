@@ -13,8 +13,9 @@
 //   retried:     GetServerInfo, GetSessionStats, ListSessions,
 //                GetBlockTables, ReadKv (reads); KeepAlive (a renewal
 //                twice is a renewal);
-//                CreateSession only with an idempotency_key (the server
-//                returns the first attempt's session to a retry);
+//                CreateSession and Session::Fork only with an
+//                idempotency_key (the server returns the first attempt's
+//                session to a retry);
 //                TransferSession (always with a transfer id: the target
 //                commits one transfer once);
 //                CloseSession: the session ends up closed however many
@@ -131,7 +132,8 @@ void TokensToProto(const KvTokens& tokens, v1::AppendRequest* out);
 // A worker's copy of a session's block tables, kept in step by applying what
 // each call reports (LayerChange, in the documented order: moves; keep
 // resident - k slots and drop the freed pages; add pages and place the k
-// kept new tokens). Equal to GetBlockTables after every call it was given,
+// kept new tokens; first of all, replace the pages a fork's copy-on-write
+// copied). Equal to GetBlockTables after every call it was given,
 // so a worker always knows which position each slot holds and at which
 // version to compute attention. Not thread-safe.
 class BlockTableMirror {
@@ -289,6 +291,15 @@ class Session {
   // The response says how long the lease now runs. NOT_FOUND, with
   // "expired" in the message, once the lease has run out.
   absl::StatusOr<v1::KeepAliveResponse> KeepAlive() const;
+
+  // Forks the session (ForkSession in the proto): a handle on a child at
+  // this session's current state, sharing its pages copy-on-write.
+  // `request` may name another policy and budget and an idempotency_key
+  // (its session_id is set to this session's). The child's block tables
+  // start as this session's: a worker copies its mirror, or calls Mirror()
+  // on the child, and then applies the child's results (pages_copied
+  // included) to it.
+  absl::StatusOr<Session> Fork(v1::ForkSessionRequest request = {}) const;
   // The server's description (GetServerInfo), e.g. what the session's
   // policy takes (ServerInfo.policy_info).
   absl::StatusOr<v1::ServerInfo> GetServerInfo() const;

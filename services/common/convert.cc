@@ -1,5 +1,7 @@
 #include "services/common/convert.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 
@@ -84,6 +86,12 @@ void StepResultToProto(const StepResult& in, v1::StepResult* out) {
     }
     l->mutable_pages_freed()->Add(c.pages_freed.begin(), c.pages_freed.end());
     l->mutable_pages_added()->Add(c.pages_added.begin(), c.pages_added.end());
+    for (const PageCopy& copy : c.pages_copied) {
+      v1::PageCopy* p = l->add_pages_copied();
+      p->set_index(copy.index);
+      p->set_from_page(copy.from);
+      p->set_to_page(copy.to);
+    }
   }
 }
 
@@ -173,6 +181,7 @@ void StatsToProto(const SessionStats& in, v1::SessionStats* out) {
   out->set_idle_timeout_seconds(absl::ToDoubleSeconds(in.idle_timeout));
   out->set_lease_seconds_left(absl::ToDoubleSeconds(in.lease_left));
   out->set_lease_held(in.lease_held);
+  out->set_shared_pages(in.shared_pages);
 }
 
 void BlockTableToProto(const BlockTable& in, v1::BlockTable* out) {
@@ -185,24 +194,52 @@ void BlockTableToProto(const BlockTable& in, v1::BlockTable* out) {
                                       in.cache_positions.end());
 }
 
+namespace {
+
+BudgetSpec BudgetFromProto(const v1::Budget& in) {
+  BudgetSpec budget;
+  budget.tokens = in.tokens();
+  budget.per_layer.assign(in.per_layer().begin(), in.per_layer().end());
+  if (!in.schedule().empty()) budget.schedule = in.schedule();
+  if (in.pyramid_beta() != 0) budget.pyramid_beta = in.pyramid_beta();
+  return budget;
+}
+
+}  // namespace
+
 SessionSpec SpecFromProto(const v1::CreateSessionRequest& in) {
   SessionSpec spec;
   spec.layout = in.layout();
   spec.policy.name = in.policy();
   spec.policy.params.insert(in.policy_params().begin(),
                             in.policy_params().end());
-  spec.budget.tokens = in.budget().tokens();
-  spec.budget.per_layer.assign(in.budget().per_layer().begin(),
-                               in.budget().per_layer().end());
-  if (!in.budget().schedule().empty()) {
-    spec.budget.schedule = in.budget().schedule();
-  }
-  if (in.budget().pyramid_beta() != 0) {
-    spec.budget.pyramid_beta = in.budget().pyramid_beta();
-  }
+  spec.budget = BudgetFromProto(in.budget());
   spec.idempotency_key = in.idempotency_key();
   // Out-of-range values saturate (to an infinite duration, which the store
   // refuses as too long); NaN is the caller's to refuse first.
+  spec.idle_timeout = absl::Seconds(in.idle_timeout_seconds());
+  return spec;
+}
+
+absl::StatusOr<ForkSpec> ForkSpecFromProto(const v1::ForkSessionRequest& in) {
+  ForkSpec spec;
+  if (!in.policy().empty()) {
+    spec.policy = PolicySpec{in.policy(), {}};
+    spec.policy->params.insert(in.policy_params().begin(),
+                               in.policy_params().end());
+  } else if (!in.policy_params().empty()) {
+    return absl::InvalidArgumentError(
+        "policy_params without a policy: a child keeps its parent's "
+        "parameters unless it names its own policy");
+  }
+  if (in.has_budget()) spec.budget = BudgetFromProto(in.budget());
+  spec.idempotency_key = in.idempotency_key();
+  if (!std::isfinite(in.idle_timeout_seconds())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("idle_timeout_seconds must be a finite number, not ",
+                     in.idle_timeout_seconds()));
+  }
+  // 0: the parent's idle timeout; out-of-range values saturate as above.
   spec.idle_timeout = absl::Seconds(in.idle_timeout_seconds());
   return spec;
 }

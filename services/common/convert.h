@@ -33,10 +33,23 @@ void LayoutToProto(const ModelLayout& in, v1::Layout* out);
 void PolicyInfoToProto(const PolicyInfo& in, v1::PolicyInfo* out);
 void StatsToProto(const SessionStats& in, v1::SessionStats* out);
 void BlockTableToProto(const BlockTable& in, v1::BlockTable* out);
+// A new session's id, layer budgets and versions into the answer that made
+// it (v1::CreateSessionResponse or v1::ForkSessionResponse).
+template <typename Response>
+void NewSessionToProto(const SessionStats& in, Response* out) {
+  out->set_session_id(SessionName(in.id));
+  out->mutable_layer_budgets()->Add(in.layer_budget.begin(),
+                                    in.layer_budget.end());
+  out->mutable_layer_versions()->Add(in.layer_version.begin(),
+                                     in.layer_version.end());
+}
 
 // The domain spec of a create request (tenant and defaults filled by the
 // caller, who also refuses a NaN idle_timeout_seconds first).
 SessionSpec SpecFromProto(const v1::CreateSessionRequest& in);
+// The domain spec of a fork request. INVALID_ARGUMENT for policy_params
+// without a policy.
+absl::StatusOr<ForkSpec> ForkSpecFromProto(const v1::ForkSessionRequest& in);
 
 }  // namespace kvkeep
 

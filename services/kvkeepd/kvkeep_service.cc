@@ -250,6 +250,8 @@ grpc::ServerUnaryReactor* KvKeepService::GetServerInfo(
       pool->set_page_bytes(s.pool.page_bytes);
       pool->set_sessions(s.sessions);
       pool->set_allocation_failures(s.pool.allocation_failures);
+      pool->set_shared_pages(s.pool.shared_pages);
+      pool->set_page_references(s.pool.page_references);
     }
     for (const PolicyInfo& policy : Policies()) {
       resp->add_policies(std::string(policy.name));
@@ -291,11 +293,7 @@ grpc::ServerUnaryReactor* KvKeepService::CreateSession(
     if (!id.ok()) return id.status();
     absl::StatusOr<SessionStats> stats = store_->GetStats(*id);
     if (!stats.ok()) return stats.status();
-    resp->set_session_id(SessionName(*id));
-    resp->mutable_layer_budgets()->Add(stats->layer_budget.begin(),
-                                       stats->layer_budget.end());
-    resp->mutable_layer_versions()->Add(stats->layer_version.begin(),
-                                        stats->layer_version.end());
+    NewSessionToProto(*stats, resp);
     LogEvent(
         "session_create",
         absl::StrCat("session=", SessionName(*id),
@@ -320,6 +318,30 @@ grpc::ServerUnaryReactor* KvKeepService::CloseSession(
              absl::StrCat("session=", req->session_id(),
                           " tenant=", LogValue(stats->tenant),
                           " evicted_tokens=", stats->evicted_tokens));
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* KvKeepService::ForkSession(
+    grpc::CallbackServerContext* ctx, const v1::ForkSessionRequest* req,
+    v1::ForkSessionResponse* resp) {
+  return Unary(ctx, "ForkSession", [&]() -> absl::Status {
+    absl::StatusOr<SessionId> parent = CallerSession(*ctx, req->session_id());
+    if (!parent.ok()) return parent.status();
+    absl::StatusOr<ForkSpec> spec = ForkSpecFromProto(*req);
+    if (!spec.ok()) return spec.status();
+    absl::StatusOr<SessionId> id = store_->ForkSession(*parent, *spec);
+    if (!id.ok()) return id.status();
+    absl::StatusOr<SessionStats> stats = store_->GetStats(*id);
+    if (!stats.ok()) return stats.status();
+    NewSessionToProto(*stats, resp);
+    resp->set_shared_pages(stats->shared_pages);
+    LogEvent("session_fork",
+             absl::StrCat(
+                 "session=", SessionName(*id), " parent=", req->session_id(),
+                 " tenant=", LogValue(stats->tenant), " policy=", stats->policy,
+                 " shared_pages=", stats->shared_pages, " idle_timeout_seconds=",
+                 absl::ToDoubleSeconds(stats->idle_timeout)));
     return absl::OkStatus();
   });
 }

@@ -88,6 +88,9 @@ class KvKeepService final : public v1::KvKeep::CallbackService {
   grpc::ServerUnaryReactor* CloseSession(
       grpc::CallbackServerContext* ctx, const v1::CloseSessionRequest* req,
       v1::CloseSessionResponse* resp) override;
+  grpc::ServerUnaryReactor* ForkSession(grpc::CallbackServerContext* ctx,
+                                        const v1::ForkSessionRequest* req,
+                                        v1::ForkSessionResponse* resp) override;
   grpc::ServerUnaryReactor* GetSessionStats(
       grpc::CallbackServerContext* ctx, const v1::GetSessionStatsRequest* req,
       v1::SessionStats* resp) override;

@@ -239,6 +239,13 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
       "kvkeep_pool_used_bytes", "Bytes of the pages held by sessions", kGauge);
   MetricFamily pool_sessions =
       Family("kvkeep_pool_sessions", "Open sessions of the layout", kGauge);
+  MetricFamily shared_pages = Family(
+      "kvkeep_pool_shared_pages",
+      "Pages held by more than one session (forks, copy-on-write)", kGauge);
+  MetricFamily saved_bytes = Family(
+      "kvkeep_pool_shared_saved_bytes",
+      "Bytes the sessions would hold beyond used_bytes if nothing were shared",
+      kGauge);
   MetricFamily failures =
       Family("kvkeep_pool_allocation_failures_total",
              "Page requests refused because the pool was full", kCounter);
@@ -253,6 +260,10 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
     AddSample(used_bytes, labels,
               static_cast<double>(p.used_pages * p.page_bytes));
     AddSample(pool_sessions, labels, static_cast<double>(l.sessions));
+    AddSample(shared_pages, labels, static_cast<double>(p.shared_pages));
+    AddSample(
+        saved_bytes, labels,
+        static_cast<double>((p.page_references - p.used_pages) * p.page_bytes));
     AddSample(failures, labels, static_cast<double>(p.allocation_failures));
     open_sessions += l.sessions;
   }
@@ -296,9 +307,10 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
   std::vector<MetricFamily> out;
   for (MetricFamily* f :
        {&tokens, &bytes, &pages, &evicted, &mass, &updates, &capacity_pages,
-        &used_pages, &capacity_bytes, &used_bytes, &pool_sessions, &failures,
-        &tenant_sessions, &tenant_bytes, &rejections, &tenant_expired,
-        &sessions_expired, &sessions, &untracked}) {
+        &used_pages, &capacity_bytes, &used_bytes, &pool_sessions,
+        &shared_pages, &saved_bytes, &failures, &tenant_sessions, &tenant_bytes,
+        &rejections, &tenant_expired, &sessions_expired, &sessions,
+        &untracked}) {
     out.push_back(std::move(*f));
   }
   return out;

@@ -107,7 +107,8 @@ void ServiceSeeds() {
     kTables,
     kReadKv,
     kMapPool,
-    kTransfer
+    kTransfer,
+    kFork
   };
   const std::string t = "service_fuzz";
   Write(t, "info_list",
@@ -213,9 +214,29 @@ void ServiceSeeds() {
          FrameBytes(kAppend, Str(Append("$", 3, 1)));
     Write(t, "transfer_nowhere", s);
   }
+  {  // a fork, then the child (the new "$") appends, decodes and closes
+    v1::ForkSessionRequest f;
+    f.set_session_id("$");
+    f.set_idempotency_key("b1");
+    std::string s =
+        FrameBytes(kAppend, Str(Append("$", 0, 6))) + FrameBytes(kFork, Str(f));
+    v1::DecodeStep step;
+    step.set_session_id("$");
+    *step.mutable_append() = Append("", 6, 1);
+    for (int l = 0; l < kLayers; ++l) Reduced(step.add_scores(), l, 2, 1, 7);
+    s += FrameBytes(kDecode, Str(step));
+    f.set_policy("window");
+    f.mutable_budget()->set_tokens(3);
+    f.set_idempotency_key("b2");
+    s += FrameBytes(kFork, Str(f));
+    v1::CloseSessionRequest close;
+    close.set_session_id("$");
+    s += FrameBytes(kClose, Str(close));
+    Write(t, "fork_child", s);
+  }
   {  // other callers (service_fuzz.cc): bob, nobody, a malformed token
     auto as = [](int caller, uint8_t method) {
-      return static_cast<uint8_t>(caller * (kTransfer + 1) + method);
+      return static_cast<uint8_t>(caller * (kFork + 1) + method);
     };
     v1::GetSessionStatsRequest stats;
     stats.set_session_id("$");

@@ -9,8 +9,9 @@
 // by the number of methods says who calls: 0 alice (who owns the input's
 // session), 1 bob, 2 nobody (no token), 3 a malformed authorization, more
 // an unknown token. A session_id of "$" names the input's session (the one
-// the last successful CreateSession made). After the input every session is
-// closed and the pools must have every page back.
+// the last successful CreateSession or ForkSession made, so the calls after
+// a fork work on the child and its copy-on-write pages). After the input every
+// session is closed and the pools must have every page back.
 //
 // TransferSession dials its target: a target that is not empty becomes a
 // unix socket that does not exist, so the call goes through its checks,
@@ -43,6 +44,7 @@ enum Method : uint8_t {
   kReadKv,
   kMapPool,
   kTransferSession,
+  kForkSession,
   kMethods
 };
 
@@ -148,6 +150,13 @@ class Script {
         v1::CreateSessionResponse resp;
         Call<v1::CreateSessionRequest>(bytes, "CreateSession",
                                        &v1::KvKeep::Stub::CreateSession, resp);
+        if (!resp.session_id().empty()) session_ = resp.session_id();
+        break;
+      }
+      case kForkSession: {
+        v1::ForkSessionResponse resp;
+        Call<v1::ForkSessionRequest>(bytes, "ForkSession",
+                                     &v1::KvKeep::Stub::ForkSession, resp);
         if (!resp.session_id().empty()) session_ = resp.session_id();
         break;
       }

@@ -221,6 +221,66 @@ INSTANTIATE_TEST_SUITE_P(Layouts, StepBatchGpuTest,
                                             ::testing::Values(DType::kBF16,
                                                               DType::kF32)));
 
+// Copy-on-write page copies (a forked session's first write into a shared
+// page): each runs before the stage's moves and writes, which then see the
+// copy; a later stage copies what an earlier one wrote. Byte for byte as
+// the host, over awkward page sizes.
+TEST(StepBatchGpuCopyTest, PageCopiesRunFirstInTheirStageAsOnTheHost) {
+  KVKEEP_REQUIRE_GPU();
+  for (int32_t page_tokens : {1, 3, 16, 17}) {
+    const PageLayout layout{page_tokens, kKvHeads, 64, DType::kBF16};
+    constexpr int64_t kPages = 16;
+    std::mt19937 rng(static_cast<uint32_t>(page_tokens));
+    std::unique_ptr<PageMemory> host =
+        *NewHostMemory(kPages * layout.page_bytes(), false);
+    std::unique_ptr<PageMemory> cuda =
+        *NewCudaMemory(0, kPages * layout.page_bytes());
+    std::vector<PageId> all(kPages);
+    std::iota(all.begin(), all.end(), 0);
+    const int64_t slots = kPages * page_tokens;
+    std::vector<std::byte> bytes(slots * layout.token_bytes());
+    std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+    for (int64_t i = 0; i < slots * kKvHeads * layout.head_dim; ++i) {
+      StoreFromFloat(layout.dtype, bytes.data(), i, value(rng));
+    }
+    for (PageMemory* m : {host.get(), cuda.get()}) {
+      ASSERT_TRUE(
+          m->WriteSlots(layout, all, 0, slots, bytes.data(), bytes.data())
+              .ok());
+    }
+    const std::vector<std::byte> token(layout.token_bytes(), std::byte{7});
+    // A layer whose pages were 2 and 5: copied to 9 and 10, compacted into
+    // the copies, a token written into the second; then 9 copied again.
+    const std::vector<PageId> copied = {9, 10};
+    const std::vector<SlotMove> moves = {{2 * page_tokens - 1, 0}};
+    const std::vector<PageId> again = {11, 10};
+    StepBatch batch(layout);
+    batch.AddPageCopy(2, 9);
+    batch.AddPageCopy(5, 10);
+    batch.AddMoves(copied, moves);
+    batch.AddWrite(copied, page_tokens, 1, token.data(), token.data());
+    batch.NextStage();
+    batch.AddPageCopy(9, 11);
+    batch.AddMoves(again, std::vector<SlotMove>{{page_tokens, 0}});
+    ASSERT_TRUE(host->RunStep(batch).ok());
+    const absl::Status ran = cuda->RunStep(batch);
+    ASSERT_TRUE(ran.ok()) << ran;
+    std::vector<std::byte> hk(bytes.size()), hv(bytes.size()), ck(bytes.size()),
+        cv(bytes.size());
+    ASSERT_TRUE(
+        host->ReadSlots(layout, all, 0, slots, hk.data(), hv.data()).ok());
+    ASSERT_TRUE(
+        cuda->ReadSlots(layout, all, 0, slots, ck.data(), cv.data()).ok());
+    EXPECT_TRUE(hk == ck) << "page_tokens " << page_tokens;
+    EXPECT_TRUE(hv == cv) << "page_tokens " << page_tokens;
+    // The copies' sources are untouched.
+    EXPECT_EQ(0,
+              std::memcmp(ck.data() + 2 * page_tokens * layout.token_bytes(),
+                          bytes.data() + 2 * page_tokens * layout.token_bytes(),
+                          page_tokens * layout.token_bytes()));
+  }
+}
+
 // Sessions sharing a pool run their batches at once, each on a lane of its
 // own (layers here, like sessions, own disjoint pages): the bytes are those
 // of the same batches run one after another on the host.

@@ -332,3 +332,36 @@ def test_an_idle_session_expires(make_server):
     with pytest.raises(kvkeep.NotFound) as e:
         s.keep_alive()
     assert "expired" in e.value.message
+
+
+def test_fork_shares_pages_and_copies_on_write(client):
+    rng = np.random.default_rng(18)
+    with client.create_session("t_f32", "h2o", budget=32, sinks=1, recent=2) as parent:
+        k, v = random_kv(rng, parent.layout, 6)
+        parent.append(k, v, np.arange(6))  # 4 tokens a page: 2 pages a layer
+        with parent.fork(idempotency_key="branch-a") as child:
+            assert child.layer_budgets == parent.layer_budgets
+            assert child.stats().shared_pages == 4
+            assert list(child.tables.pages(0)) == list(parent.tables.pages(0))
+            k1, v1 = random_kv(rng, child.layout, 1)
+            r = child.append(k1, v1, [6])  # into the shared, partly filled page
+            copied = r.layers[0].pages_copied
+            assert [(c.index, c.from_page) for c in copied] == \
+                [(1, parent.tables.pages(0)[1])]
+            assert_mirror_equals_store(child)
+            assert child.stats().shared_pages == 2
+            mine, theirs = child.read_kv(), parent.read_kv()
+            for l in range(2):
+                np.testing.assert_array_equal(mine[l].keys[:6], theirs[l].keys)
+                np.testing.assert_array_equal(mine[l].keys[6:], k1[l])
+            # Another policy and budget for a second child.
+            with parent.fork("window", budget=4) as small:
+                assert small.layer_budgets == [4, 4]
+                assert small.policy.name == "window"
+                k2, v2 = random_kv(rng, small.layout, 1)
+                small.append(k2, v2, [6])
+                assert list(small.tables.positions(0)) == [3, 4, 5, 6]
+                assert_mirror_equals_store(small)
+        with pytest.raises(kvkeep.InvalidArgument):
+            parent.fork(budget=0)
+        np.testing.assert_array_equal(parent.read_kv()[0].keys, k[0])

@@ -67,14 +67,14 @@ class Options:
 
 
 # Whether a method is retried on UNAVAILABLE (docs/cli.md "Retries"): reads
-# always; CreateSession with an idempotency key (this client always sends
-# one); CloseSession (NOT_FOUND after a lost attempt means it closed);
+# always; CreateSession and ForkSession with an idempotency key (this client
+# always sends one); CloseSession (NOT_FOUND after a lost attempt means it closed);
 # TransferSession with a transfer id (always sent). Calls that change a
 # session are never retried: after a lost reply only the caller can decide.
 RETRIED = frozenset({
     "GetServerInfo", "GetSessionStats", "ListSessions", "GetBlockTables",
-    "ReadKv", "MapPool", "CreateSession", "CloseSession", "TransferSession",
-    "KeepAlive",
+    "ReadKv", "MapPool", "CreateSession", "ForkSession", "CloseSession",
+    "TransferSession", "KeepAlive",
 })
 
 TlsArg = Union[None, bool, str, bytes]

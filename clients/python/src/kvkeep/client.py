@@ -472,6 +472,39 @@ class Session:
         resp = self._c.call("MapPool", pb.MapPoolRequest(session_id=self.id))
         return MappedPool(resp)
 
+    # -- forking it ------------------------------------------------------------
+
+    def fork(self, policy: str = "", budget: BudgetArg = None, *,
+             idempotency_key: Optional[str] = None, **params: Any) -> "Session":
+        """A child session at this one's current state, sharing its pages
+        copy-on-write (ForkSession): no prefill, no copy until either writes.
+
+        policy, params: the child's policy and its parameters ("" : this
+          session's, parameters and all). budget: the child's budget (None:
+          this session's per-layer budgets).
+        idempotency_key: a retried fork with the same key returns the first
+          attempt's child (default: a fresh random key, so the fork is retried
+          on UNAVAILABLE without ever making two children).
+        The child's mirror starts as a copy of this one's block tables.
+        """
+        info = self._c.info()
+        pinfo = _core.find_policy(info, policy) if policy else self.policy
+        checked = _core.check_policy_params(pinfo, params) if policy and pinfo \
+            else {k: str(v) for k, v in params.items()}
+        req = pb.ForkSessionRequest(
+            session_id=self.id, policy=policy, policy_params=checked,
+            idempotency_key=idempotency_key or _core.new_id())
+        if budget is not None:  # set even when all zero: "this budget"
+            req.budget.SetInParent()
+            req.budget.CopyFrom(_core.budget_proto(budget))
+        resp = self._c.call("ForkSession", req)
+        tables = BlockTableMirror.from_tables(self._c.block_tables(resp.session_id))
+        handle = SessionHandle(
+            id=resp.session_id, layout=self.layout, policy=pinfo,
+            layer_budgets=list(resp.layer_budgets),
+            max_message_bytes=info.max_message_bytes, tables=tables)
+        return Session(self._c, handle)
+
 
 class DecodeStream:
     """A Decode stream of one session: step() is one write and one read.

@@ -6,6 +6,8 @@ docs/policies.md) keeps this copy equal to ``GetBlockTables`` after every
 call, so a worker always knows which original position sits in which slot,
 which pages hold them and at which version to compute attention:
 
+0. replace ``pages[index]`` by ``to_page`` for each of ``pages_copied``
+   (copy-on-write in a session that shares pages with a fork);
 1. apply ``moves`` in order;
 2. keep slots ``[0, resident - k)`` (k: the call's new tokens not in
    ``evicted_positions``) and drop ``pages_freed`` from the end of the page
@@ -137,6 +139,13 @@ class BlockTableMirror:
             if c.layer != i:
                 raise InvalidArgument(where + f"the result names layer {c.layer}",
                                       client_side=True)
+            for cp in c.pages_copied:
+                if not (0 <= cp.index < len(layer.pages)
+                        and layer.pages[cp.index] == cp.from_page):
+                    raise InvalidArgument(
+                        where + f"a copy of page {cp.from_page} at index "
+                        f"{cp.index} that the table does not hold there",
+                        client_side=True)
             for m in c.moves:
                 if not (0 <= m.from_slot < size and 0 <= m.to_slot < size):
                     raise InvalidArgument(
@@ -166,6 +175,8 @@ class BlockTableMirror:
         for i, c in enumerate(result.layers):
             layer = self.layers[i]
             pos = layer.positions
+            for cp in c.pages_copied:
+                layer.pages[cp.index] = cp.to_page
             for m in c.moves:
                 pos[m.to_slot] = pos[m.from_slot]
             kept = _kept_new(new_positions, c.evicted_positions)

@@ -41,20 +41,24 @@ class Layout(_message.Message):
     def __init__(self, name: _Optional[str] = ..., num_layers: _Optional[int] = ..., kv_heads: _Optional[int] = ..., query_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., page_tokens: _Optional[int] = ..., keys_pre_rope: _Optional[bool] = ..., page_bytes: _Optional[int] = ...) -> None: ...
 
 class Pool(_message.Message):
-    __slots__ = ("layout", "capacity_pages", "used_pages", "page_bytes", "sessions", "allocation_failures")
+    __slots__ = ("layout", "capacity_pages", "used_pages", "page_bytes", "sessions", "allocation_failures", "shared_pages", "page_references")
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_PAGES_FIELD_NUMBER: _ClassVar[int]
     USED_PAGES_FIELD_NUMBER: _ClassVar[int]
     PAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     ALLOCATION_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    SHARED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    PAGE_REFERENCES_FIELD_NUMBER: _ClassVar[int]
     layout: str
     capacity_pages: int
     used_pages: int
     page_bytes: int
     sessions: int
     allocation_failures: int
-    def __init__(self, layout: _Optional[str] = ..., capacity_pages: _Optional[int] = ..., used_pages: _Optional[int] = ..., page_bytes: _Optional[int] = ..., sessions: _Optional[int] = ..., allocation_failures: _Optional[int] = ...) -> None: ...
+    shared_pages: int
+    page_references: int
+    def __init__(self, layout: _Optional[str] = ..., capacity_pages: _Optional[int] = ..., used_pages: _Optional[int] = ..., page_bytes: _Optional[int] = ..., sessions: _Optional[int] = ..., allocation_failures: _Optional[int] = ..., shared_pages: _Optional[int] = ..., page_references: _Optional[int] = ...) -> None: ...
 
 class GetServerInfoRequest(_message.Message):
     __slots__ = ()
@@ -187,6 +191,41 @@ class CreateSessionResponse(_message.Message):
     layer_versions: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, session_id: _Optional[str] = ..., layer_budgets: _Optional[_Iterable[int]] = ..., layer_versions: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class ForkSessionRequest(_message.Message):
+    __slots__ = ("session_id", "policy", "policy_params", "budget", "idempotency_key", "idle_timeout_seconds")
+    class PolicyParamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    POLICY_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    IDLE_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    policy: str
+    policy_params: _containers.ScalarMap[str, str]
+    budget: Budget
+    idempotency_key: str
+    idle_timeout_seconds: float
+    def __init__(self, session_id: _Optional[str] = ..., policy: _Optional[str] = ..., policy_params: _Optional[_Mapping[str, str]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., idle_timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class ForkSessionResponse(_message.Message):
+    __slots__ = ("session_id", "layer_budgets", "layer_versions", "shared_pages")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    LAYER_BUDGETS_FIELD_NUMBER: _ClassVar[int]
+    LAYER_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    SHARED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    layer_budgets: _containers.RepeatedScalarFieldContainer[int]
+    layer_versions: _containers.RepeatedScalarFieldContainer[int]
+    shared_pages: int
+    def __init__(self, session_id: _Optional[str] = ..., layer_budgets: _Optional[_Iterable[int]] = ..., layer_versions: _Optional[_Iterable[int]] = ..., shared_pages: _Optional[int] = ...) -> None: ...
+
 class CloseSessionRequest(_message.Message):
     __slots__ = ("session_id",)
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -206,7 +245,7 @@ class GetSessionStatsRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
 class SessionStats(_message.Message):
-    __slots__ = ("session_id", "layout", "policy", "tenant", "resident_tokens", "pages", "resident_bytes", "evicted_tokens", "evicted_score", "score_updates", "compressed", "layer_resident", "layer_budget", "layer_version", "idle_timeout_seconds", "lease_seconds_left", "lease_held")
+    __slots__ = ("session_id", "layout", "policy", "tenant", "resident_tokens", "pages", "resident_bytes", "evicted_tokens", "evicted_score", "score_updates", "compressed", "layer_resident", "layer_budget", "layer_version", "idle_timeout_seconds", "lease_seconds_left", "lease_held", "shared_pages")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
@@ -224,6 +263,7 @@ class SessionStats(_message.Message):
     IDLE_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_LEFT_FIELD_NUMBER: _ClassVar[int]
     LEASE_HELD_FIELD_NUMBER: _ClassVar[int]
+    SHARED_PAGES_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     layout: str
     policy: str
@@ -241,7 +281,8 @@ class SessionStats(_message.Message):
     idle_timeout_seconds: float
     lease_seconds_left: float
     lease_held: bool
-    def __init__(self, session_id: _Optional[str] = ..., layout: _Optional[str] = ..., policy: _Optional[str] = ..., tenant: _Optional[str] = ..., resident_tokens: _Optional[int] = ..., pages: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., evicted_tokens: _Optional[int] = ..., evicted_score: _Optional[float] = ..., score_updates: _Optional[int] = ..., compressed: _Optional[bool] = ..., layer_resident: _Optional[_Iterable[int]] = ..., layer_budget: _Optional[_Iterable[int]] = ..., layer_version: _Optional[_Iterable[int]] = ..., idle_timeout_seconds: _Optional[float] = ..., lease_seconds_left: _Optional[float] = ..., lease_held: _Optional[bool] = ...) -> None: ...
+    shared_pages: int
+    def __init__(self, session_id: _Optional[str] = ..., layout: _Optional[str] = ..., policy: _Optional[str] = ..., tenant: _Optional[str] = ..., resident_tokens: _Optional[int] = ..., pages: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., evicted_tokens: _Optional[int] = ..., evicted_score: _Optional[float] = ..., score_updates: _Optional[int] = ..., compressed: _Optional[bool] = ..., layer_resident: _Optional[_Iterable[int]] = ..., layer_budget: _Optional[_Iterable[int]] = ..., layer_version: _Optional[_Iterable[int]] = ..., idle_timeout_seconds: _Optional[float] = ..., lease_seconds_left: _Optional[float] = ..., lease_held: _Optional[bool] = ..., shared_pages: _Optional[int] = ...) -> None: ...
 
 class KeepAliveRequest(_message.Message):
     __slots__ = ("session_id",)
@@ -293,6 +334,16 @@ class AppendPrefillResponse(_message.Message):
     chunks: _containers.RepeatedCompositeFieldContainer[StepResult]
     def __init__(self, chunks: _Optional[_Iterable[_Union[StepResult, _Mapping]]] = ...) -> None: ...
 
+class PageCopy(_message.Message):
+    __slots__ = ("index", "from_page", "to_page")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    FROM_PAGE_FIELD_NUMBER: _ClassVar[int]
+    TO_PAGE_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    from_page: int
+    to_page: int
+    def __init__(self, index: _Optional[int] = ..., from_page: _Optional[int] = ..., to_page: _Optional[int] = ...) -> None: ...
+
 class SlotMove(_message.Message):
     __slots__ = ("from_slot", "to_slot")
     FROM_SLOT_FIELD_NUMBER: _ClassVar[int]
@@ -302,7 +353,7 @@ class SlotMove(_message.Message):
     def __init__(self, from_slot: _Optional[int] = ..., to_slot: _Optional[int] = ...) -> None: ...
 
 class LayerChange(_message.Message):
-    __slots__ = ("layer", "version", "resident", "evicted_positions", "moves", "pages_freed", "pages_added")
+    __slots__ = ("layer", "version", "resident", "evicted_positions", "moves", "pages_freed", "pages_added", "pages_copied")
     LAYER_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     RESIDENT_FIELD_NUMBER: _ClassVar[int]
@@ -310,6 +361,7 @@ class LayerChange(_message.Message):
     MOVES_FIELD_NUMBER: _ClassVar[int]
     PAGES_FREED_FIELD_NUMBER: _ClassVar[int]
     PAGES_ADDED_FIELD_NUMBER: _ClassVar[int]
+    PAGES_COPIED_FIELD_NUMBER: _ClassVar[int]
     layer: int
     version: int
     resident: int
@@ -317,7 +369,8 @@ class LayerChange(_message.Message):
     moves: _containers.RepeatedCompositeFieldContainer[SlotMove]
     pages_freed: _containers.RepeatedScalarFieldContainer[int]
     pages_added: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, layer: _Optional[int] = ..., version: _Optional[int] = ..., resident: _Optional[int] = ..., evicted_positions: _Optional[_Iterable[int]] = ..., moves: _Optional[_Iterable[_Union[SlotMove, _Mapping]]] = ..., pages_freed: _Optional[_Iterable[int]] = ..., pages_added: _Optional[_Iterable[int]] = ...) -> None: ...
+    pages_copied: _containers.RepeatedCompositeFieldContainer[PageCopy]
+    def __init__(self, layer: _Optional[int] = ..., version: _Optional[int] = ..., resident: _Optional[int] = ..., evicted_positions: _Optional[_Iterable[int]] = ..., moves: _Optional[_Iterable[_Union[SlotMove, _Mapping]]] = ..., pages_freed: _Optional[_Iterable[int]] = ..., pages_added: _Optional[_Iterable[int]] = ..., pages_copied: _Optional[_Iterable[_Union[PageCopy, _Mapping]]] = ...) -> None: ...
 
 class StepResult(_message.Message):
     __slots__ = ("layers",)

@@ -49,6 +49,11 @@ class KvKeepStub:
                 request_serializer=kvkeep_dot_v1_dot_kvkeep__pb2.CloseSessionRequest.SerializeToString,
                 response_deserializer=kvkeep_dot_v1_dot_kvkeep__pb2.CloseSessionResponse.FromString,
                 _registered_method=True)
+        self.ForkSession = channel.unary_unary(
+                '/kvkeep.v1.KvKeep/ForkSession',
+                request_serializer=kvkeep_dot_v1_dot_kvkeep__pb2.ForkSessionRequest.SerializeToString,
+                response_deserializer=kvkeep_dot_v1_dot_kvkeep__pb2.ForkSessionResponse.FromString,
+                _registered_method=True)
         self.GetSessionStats = channel.unary_unary(
                 '/kvkeep.v1.KvKeep/GetSessionStats',
                 request_serializer=kvkeep_dot_v1_dot_kvkeep__pb2.GetSessionStatsRequest.SerializeToString,
@@ -129,7 +134,34 @@ class KvKeepServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CloseSession(self, request, context):
-        """Closes a session and frees all its pages.
+        """Closes a session and frees all its pages (a page it shares with a fork
+        stays with the fork).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForkSession(self, request, context):
+        """Forks a session: a new session of the same tenant and layout at the
+        parent's current state (tokens, slots, scores, versions, block tables),
+        for parallel tool calls, retries, best-of-n or tree search without a
+        second prefill. Nothing is copied now: the child's block tables name
+        the parent's pages, shared copy-on-write. Neither side ever writes a
+        page the other still holds: whatever would (an append into a partly
+        filled page, a compaction move after an eviction, an eviction settling
+        a layer over budget) first copies that page whole to a page of its own
+        and says so in LayerChange.pages_copied. From then on each evicts on
+        its own: with the parent's policy, parameters, scores and budget, or
+        the policy and budget given here. A page returns to the pool when its
+        last holder lets go of it. Pool use counts a shared page once, and so
+        does the tenant's quota: a tenant is charged once for each page its
+        sessions hold, so a fork costs nothing until its writes copy pages
+        (docs/fork.md). Errors: NOT_FOUND (unknown parent, or another
+        tenant's), UNAVAILABLE while the parent is being transferred (fork it
+        once the transfer is done), INVALID_ARGUMENT (policy or budget),
+        RESOURCE_EXHAUSTED (session limits). A fork waits for a call in flight
+        on the parent, so it never sees one half done. Idempotent with an
+        idempotency_key.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -259,7 +291,11 @@ class KvKeepServicer:
         only when started with pool sharing on (FAILED_PRECONDITION otherwise).
         Contract: the store moves or frees a session's pages only while it
         handles that session's own messages, so between its own calls a worker
-        reads exactly the slots its block tables name. See docs/gpu.md.
+        reads exactly the slots its block tables name. A page that forks share
+        (ForkSession) is never written while shared, so a worker reading it in
+        place sees the same bytes whatever the other holders do; a session that
+        writes copies it first and its block table names the copy from that
+        call's result on. See docs/gpu.md and docs/fork.md.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -282,6 +318,11 @@ def add_KvKeepServicer_to_server(servicer, server):
                     servicer.CloseSession,
                     request_deserializer=kvkeep_dot_v1_dot_kvkeep__pb2.CloseSessionRequest.FromString,
                     response_serializer=kvkeep_dot_v1_dot_kvkeep__pb2.CloseSessionResponse.SerializeToString,
+            ),
+            'ForkSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkSession,
+                    request_deserializer=kvkeep_dot_v1_dot_kvkeep__pb2.ForkSessionRequest.FromString,
+                    response_serializer=kvkeep_dot_v1_dot_kvkeep__pb2.ForkSessionResponse.SerializeToString,
             ),
             'GetSessionStats': grpc.unary_unary_rpc_method_handler(
                     servicer.GetSessionStats,
@@ -425,6 +466,33 @@ class KvKeep:
             '/kvkeep.v1.KvKeep/CloseSession',
             kvkeep_dot_v1_dot_kvkeep__pb2.CloseSessionRequest.SerializeToString,
             kvkeep_dot_v1_dot_kvkeep__pb2.CloseSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvkeep.v1.KvKeep/ForkSession',
+            kvkeep_dot_v1_dot_kvkeep__pb2.ForkSessionRequest.SerializeToString,
+            kvkeep_dot_v1_dot_kvkeep__pb2.ForkSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,
