@@ -198,6 +198,11 @@ class CacheStore {
       SessionId id, std::span<const LayerScores> window);
   absl::StatusOr<BlockTable> GetBlockTable(SessionId id, int32_t layer);
   absl::StatusOr<LayerKvCopy> ReadLayer(SessionId id, int32_t layer);
+  // The same as values of `dtype` (f32, f16 or bf16): dequantised from a
+  // quantised layout, converted (round to nearest even) or copied otherwise.
+  // INVALID_ARGUMENT for a quantised dtype other than the layout's own.
+  absl::StatusOr<LayerKvCopy> ReadLayerAs(SessionId id, int32_t layer,
+                                          DType dtype);
   absl::StatusOr<SessionStats> GetStats(SessionId id);
 
   // The tenant that created a session; NOT_FOUND if it does not exist.

@@ -19,6 +19,7 @@
 #include "cache_store/quote.h"
 #include "services/common/constant_time.h"
 #include "services/common/convert.h"
+#include "services/common/dtype_proto.h"
 #include "services/common/grpc_status.h"
 #include "services/kvkeepd/block_table_pages.h"
 #include "services/transfer/session_receiver.h"
@@ -631,6 +632,11 @@ class ReadKvReactor final : public grpc::ServerWriteReactor<v1::KvChunk> {
         service_->CallerSession(ctx, req.session_id());
     if (!id.ok()) return id.status();
     id_ = *id;
+    if (req.dtype() != v1::DTYPE_UNSPECIFIED) {
+      absl::StatusOr<DType> dtype = DTypeFromProto(req.dtype());
+      if (!dtype.ok()) return dtype.status();
+      dtype_ = *dtype;
+    }
     layers_.assign(req.layers().begin(), req.layers().end());
     absl::StatusOr<SessionStats> stats = service_->store().GetStats(id_);
     if (!stats.ok()) return stats.status();
@@ -651,7 +657,8 @@ class ReadKvReactor final : public grpc::ServerWriteReactor<v1::KvChunk> {
       }
       layer_ = layers_[next_layer_++];
       absl::StatusOr<LayerKvCopy> copy =
-          service_->store().ReadLayer(id_, layer_);
+          dtype_ ? service_->store().ReadLayerAs(id_, layer_, *dtype_)
+                 : service_->store().ReadLayer(id_, layer_);
       if (!copy.ok()) {
         Finish(service_->Finish("ReadKv", copy.status()));
         return;
@@ -662,6 +669,7 @@ class ReadKvReactor final : public grpc::ServerWriteReactor<v1::KvChunk> {
         chunk_.Clear();
         chunk_.set_layer(layer_);
         chunk_.set_version(copy_.version);
+        chunk_.set_dtype(DTypeToProto(copy_.dtype));
         StartWrite(&chunk_);
         return;
       }
@@ -678,6 +686,7 @@ class ReadKvReactor final : public grpc::ServerWriteReactor<v1::KvChunk> {
     chunk_.set_layer(layer_);
     chunk_.set_version(copy_.version);
     chunk_.set_first_slot(next_slot_);
+    chunk_.set_dtype(DTypeToProto(copy_.dtype));
     chunk_.mutable_positions()->Add(copy_.positions.begin() + next_slot_,
                                     copy_.positions.begin() + end);
     const auto* k = reinterpret_cast<const char*>(copy_.keys.data());
@@ -695,6 +704,7 @@ class ReadKvReactor final : public grpc::ServerWriteReactor<v1::KvChunk> {
   KvKeepService* const service_;
   SessionId id_ = 0;
   std::vector<int32_t> layers_;
+  std::optional<DType> dtype_;  // unset: the stored bytes
   size_t next_layer_ = 0;
   int32_t layer_ = 0;
   LayerKvCopy copy_;
