@@ -65,8 +65,8 @@ struct QuantSpec {
 };
 
 // The format of each quantised dtype. int8 and int4 are asymmetric: on keys
-// with outlier channels they halve (int8) or cut by a seventh (int4) the
-// error of the symmetric variant for one more byte per group
+// with outlier channels they halve (int8) or cut by 7-14% (int4) the error
+// of the symmetric variant for one more byte per group
 // (bench/quant_error_bench, docs/quantization.md). The symmetric variant
 // (zero fixed at 2^(b-1)) stays here for that comparison.
 KVKEEP_HOST_DEVICE constexpr QuantSpec SpecOf(DType t) {
