@@ -97,6 +97,16 @@ absl::StatusOr<StepResult> Append(CacheStore& store, SessionId id,
   return store.Append(id, AppendRequest{positions, layers});
 }
 
+// A "full" session of `l` holding positions [0, tokens).
+absl::StatusOr<SessionId> FullSessionOf(CacheStore& store, const ModelLayout& l,
+                                        int64_t tokens) {
+  absl::StatusOr<SessionId> id = store.CreateSession(FullSpec(l));
+  if (!id.ok()) return id;
+  absl::StatusOr<StepResult> r = Append(store, *id, l, 0, tokens);
+  if (!r.ok()) return r.status();
+  return id;
+}
+
 // Every slot of every layer holds the record of the position it claims.
 void ExpectRecordsFollowTokens(CacheStore& store, SessionId id,
                                const ModelLayout& l) {
@@ -117,8 +127,7 @@ TEST(QuantizedStoreTest, AppendStoresTheRecordsOfTheInput) {
   for (DType d : kFormats) {
     SCOPED_TRACE(DTypeName(d));
     const ModelLayout l = Quantised(d);
-    KV_ASSIGN_OR_FAIL(SessionId id, store->CreateSession(FullSpec(l)));
-    KV_ASSERT_OK(Append(*store, id, l, 0, 7).status());
+    KV_ASSIGN_OR_FAIL(SessionId id, FullSessionOf(*store, l, 7));
     KV_ASSERT_OK(Append(*store, id, l, 7, 1).status());
     ExpectRecordsFollowTokens(*store, id, l);
     // ReadLayerAs: the records' values in the dtype asked for.
@@ -155,8 +164,7 @@ TEST(QuantizedStoreTest, PoolsCountTheRecordsRealBytes) {
         << s.layout.name;
   }
   const ModelLayout l = Quantised(DType::kInt4);
-  KV_ASSIGN_OR_FAIL(SessionId id, store->CreateSession(FullSpec(l)));
-  KV_ASSERT_OK(Append(*store, id, l, 0, 9).status());
+  KV_ASSIGN_OR_FAIL(SessionId id, FullSessionOf(*store, l, 9));
   KV_ASSIGN_OR_FAIL(SessionStats stats, store->GetStats(id));
   EXPECT_EQ(stats.pages, 2 * 3);  // 9 tokens: 3 pages of 4, per layer
   EXPECT_EQ(stats.bytes, 6 * 2 * 4 * 76);
@@ -168,8 +176,7 @@ TEST(QuantizedStoreTest, NonFiniteOrHugeValuesAreRefusedAndChangeNothing) {
   for (DType d : kFormats) {
     SCOPED_TRACE(DTypeName(d));
     const ModelLayout l = Quantised(d);
-    KV_ASSIGN_OR_FAIL(SessionId id, store->CreateSession(FullSpec(l)));
-    KV_ASSERT_OK(Append(*store, id, l, 0, 6).status());
+    KV_ASSIGN_OR_FAIL(SessionId id, FullSessionOf(*store, l, 6));
     KV_ASSIGN_OR_FAIL(SessionStats before, store->GetStats(id));
     KV_ASSIGN_OR_FAIL(LayerKvCopy kv_before, store->ReadLayer(id, 1));
     const int64_t used = store->Layouts()[0].pool.used_pages +
