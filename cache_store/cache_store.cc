@@ -9,6 +9,7 @@
 #include "cache_store/budget.h"
 #include "cache_store/policy_registry.h"
 #include "cache_store/quote.h"
+#include "kernels/quantize.h"
 
 namespace kvkeep {
 
@@ -752,6 +753,33 @@ absl::StatusOr<BlockTable> CacheStore::GetBlockTable(SessionId id,
 
 absl::StatusOr<LayerKvCopy> CacheStore::ReadLayer(SessionId id, int32_t layer) {
   return WithSession(id, [&](Session& s) { return s.ReadLayer(layer); });
+}
+
+absl::StatusOr<LayerKvCopy> CacheStore::ReadLayerAs(SessionId id, int32_t layer,
+                                                    DType dtype) {
+  return WithSession(id, [&](Session& s) -> absl::StatusOr<LayerKvCopy> {
+    const PageLayout page = s.layout().page_layout();
+    if (IsQuantized(dtype) && dtype != page.dtype) {
+      return absl::InvalidArgumentError(SessionMessage(
+          id, "ReadKv as ", std::string(DTypeName(dtype)),
+          ": the layout stores ", std::string(DTypeName(page.dtype)),
+          "; ask for its own dtype, f32, f16 or bf16"));
+    }
+    absl::StatusOr<LayerKvCopy> stored = s.ReadLayer(layer);
+    if (!stored.ok() || dtype == page.dtype) return stored;
+    const int64_t n = static_cast<int64_t>(stored->positions.size());
+    LayerKvCopy out;
+    out.version = stored->version;
+    out.positions = std::move(stored->positions);
+    out.dtype = dtype;
+    const size_t bytes =
+        static_cast<size_t>(n * page.token_elements() * DTypeBytes(dtype));
+    out.keys.resize(bytes);
+    out.values.resize(bytes);
+    DequantizeTokens(page, stored->keys.data(), n, dtype, out.keys.data());
+    DequantizeTokens(page, stored->values.data(), n, dtype, out.values.data());
+    return out;
+  });
 }
 
 absl::StatusOr<SessionStats> CacheStore::GetStats(SessionId id,

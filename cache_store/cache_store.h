@@ -223,6 +223,11 @@ class CacheStore {
       SessionId id, std::span<const LayerScores> window);
   absl::StatusOr<BlockTable> GetBlockTable(SessionId id, int32_t layer);
   absl::StatusOr<LayerKvCopy> ReadLayer(SessionId id, int32_t layer);
+  // The same as values of `dtype` (f32, f16 or bf16): dequantised from a
+  // quantised layout, converted (round to nearest even) or copied otherwise.
+  // INVALID_ARGUMENT for a quantised dtype other than the layout's own.
+  absl::StatusOr<LayerKvCopy> ReadLayerAs(SessionId id, int32_t layer,
+                                          DType dtype);
   // With the lease's state. `renew_lease` false: a look that is not a
   // call on the session (a listing, a metrics scrape).
   absl::StatusOr<SessionStats> GetStats(SessionId id, bool renew_lease = true);

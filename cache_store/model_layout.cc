@@ -1,5 +1,8 @@
 #include "cache_store/model_layout.h"
 
+#include <string>
+#include <tuple>
+
 #include "absl/strings/str_cat.h"
 
 namespace kvkeep {
@@ -11,6 +14,32 @@ absl::Status CheckRange(absl::string_view layout, absl::string_view field,
     return absl::InvalidArgumentError(
         absl::StrCat("layout '", layout, "': ", field, " = ", value,
                      " is outside [", lo, ", ", hi, "]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateQuantized(const ModelLayout& l) {
+  const std::string dtype(DTypeName(l.dtype));
+  if (IsQuantized(l.append_dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layout '", l.name, "': append_dtype must be f32, f16 or bf16 (got ",
+        std::string(DTypeName(l.append_dtype)), ")"));
+  }
+  if (l.group_size < 1 || l.head_dim % l.group_size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout '", l.name, "': group_size ", l.group_size,
+                     " does not divide head_dim ", l.head_dim, " (", dtype,
+                     " keeps one scale per group of head_dim)"));
+  }
+  if (l.dtype == DType::kInt4 && l.head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout '", l.name, "': int4 needs an even head_dim (got ",
+                     l.head_dim, "): two codes share a byte"));
+  }
+  if (l.dtype == DType::kInt4 && l.group_size % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layout '", l.name, "': int4 needs an even group_size (got ",
+        l.group_size, "): a group's codes fill whole bytes"));
   }
   return absl::OkStatus();
 }
@@ -37,17 +66,20 @@ absl::Status ValidateLayout(const ModelLayout& l) {
         absl::StrCat("layout '", l.name, "': query_heads (", l.query_heads,
                      ") must be a multiple of kv_heads (", l.kv_heads, ")"));
   }
+  if (IsQuantized(l.dtype)) return ValidateQuantized(l);
   return absl::OkStatus();
 }
 
 absl::StatusOr<DType> ParseDType(absl::string_view name) {
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kInt8,
+                  DType::kFp8E4M3, DType::kInt4}) {
     if (name == absl::string_view(DTypeName(t).data(), DTypeName(t).size())) {
       return t;
     }
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown dtype '", name, "' (expected f32, f16 or bf16)"));
+      absl::StrCat("unknown dtype '", name,
+                   "' (expected f32, f16, bf16, int8, fp8_e4m3 or int4)"));
 }
 
 }  // namespace kvkeep

@@ -22,13 +22,31 @@ struct ModelLayout {
   int32_t query_heads = 0;  // a multiple of kv_heads (GQA group size)
   int32_t head_dim = 0;
   DType dtype = DType::kBF16;
+  // Quantised dtypes (int8, fp8_e4m3, int4) only: elements per scale group
+  // along head_dim (must divide head_dim; even for int4), and the float
+  // dtype workers append in (the store quantises). Ignored otherwise.
+  int32_t group_size = kDefaultGroupSize;
+  DType append_dtype = DType::kBF16;
   int32_t page_tokens = 16;
   // True when keys are stored before RoPE is applied (StreamingLLM-style
   // re-indexing by cache position); false when stored rotated.
   bool keys_pre_rope = false;
 
+  static constexpr int32_t kDefaultGroupSize = 32;
+
   PageLayout page_layout() const {
-    return PageLayout{page_tokens, kv_heads, head_dim, dtype};
+    return PageLayout{page_tokens, kv_heads, head_dim, dtype,
+                      IsQuantized(dtype) ? group_size : 0};
+  }
+  // The dtype of the keys and values workers send (AppendRequest): the
+  // stored dtype, or append_dtype when the store quantises.
+  DType input_dtype() const {
+    return IsQuantized(dtype) ? append_dtype : dtype;
+  }
+  // Bytes of one token's keys (or values) of one layer as workers send them.
+  int64_t input_token_bytes() const {
+    return static_cast<int64_t>(kv_heads) * head_dim *
+           DTypeBytes(input_dtype());
   }
   // Bytes of K and V for one token of one layer.
   int64_t token_kv_bytes() const { return 2 * page_layout().token_bytes(); }
@@ -41,7 +59,8 @@ struct ModelLayout {
 // INVALID_ARGUMENT naming the field unless every field is in range.
 absl::Status ValidateLayout(const ModelLayout& layout);
 
-// "f32" | "f16" | "bf16" -> DType; INVALID_ARGUMENT otherwise.
+// "f32" | "f16" | "bf16" | "int8" | "fp8_e4m3" | "int4" -> DType;
+// INVALID_ARGUMENT otherwise.
 absl::StatusOr<DType> ParseDType(absl::string_view name);
 
 }  // namespace kvkeep

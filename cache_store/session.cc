@@ -367,7 +367,8 @@ absl::Status Session::ValidateAppend(const AppendRequest& request) const {
     }
     previous = request.positions[i];
   }
-  const int64_t token_bytes = page_layout_.token_bytes();
+  // Workers send the input dtype; a quantised layout stores records.
+  const int64_t token_bytes = layout_.input_token_bytes();
   for (size_t l = 0; l < request.layers.size(); ++l) {
     const LayerKv& kv = request.layers[l];
     if (static_cast<int64_t>(kv.keys.size()) != n * token_bytes ||
@@ -376,7 +377,7 @@ absl::Status Session::ValidateAppend(const AppendRequest& request) const {
           id_, "layer ", l, " keys/values have ", kv.keys.size(), "/",
           kv.values.size(), " bytes, expected ", n * token_bytes, " each (", n,
           " tokens x ", layout_.kv_heads, " kv heads x ", layout_.head_dim,
-          " x ", std::string(DTypeName(layout_.dtype)), ")"));
+          " x ", std::string(DTypeName(layout_.input_dtype())), ")"));
     }
   }
 
@@ -386,8 +387,19 @@ absl::Status Session::ValidateAppend(const AppendRequest& request) const {
 absl::StatusOr<StepResult> Session::Append(const AppendRequest& request) {
   if (!device_error_.ok()) return device_error_;
   if (absl::Status s = ValidateAppend(request); !s.ok()) return s;
+  AppendRequest stored = request;
+  if (IsQuantized(layout_.dtype)) {
+    // All of it before any page moves: a refused value leaves no trace.
+    absl::StatusOr<AppendRequest> records =
+        quantizer_.Quantize(layout_, request);
+    if (!records.ok()) {
+      return absl::Status(records.status().code(),
+                          SessionMessage(id_, records.status().message()));
+    }
+    stored = *records;
+  }
   StepResult result;
-  const absl::Status s = ApplyAppend(request, result);
+  const absl::Status s = ApplyAppend(stored, result);
   RunBatch();
   ReleaseSpare();
   if (!device_error_.ok()) return device_error_;
@@ -816,6 +828,7 @@ absl::StatusOr<LayerKvCopy> Session::ReadLayer(int32_t index) const {
   LayerKvCopy copy;
   copy.version = layer.version;
   copy.positions = layer.position;
+  copy.dtype = layout_.dtype;
   copy.keys.resize(layer.size() * token_bytes);
   copy.values.resize(layer.size() * token_bytes);
   if (absl::Status s =

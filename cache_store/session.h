@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "cache_store/append_quantizer.h"
 #include "cache_store/model_layout.h"
 #include "cache_store/page_pool.h"
 #include "cache_store/page_quota.h"
@@ -280,6 +281,7 @@ class Session {
   };
   std::vector<AppendPlan> append_plans_;
   std::vector<PageId> new_pages_;
+  AppendQuantizer quantizer_;  // quantised layouts: records of each append
 };
 
 }  // namespace kvkeep

@@ -162,8 +162,11 @@ struct BlockTable {
 struct LayerKvCopy {
   uint64_t version = 0;
   std::vector<int64_t> positions;  // per slot
-  std::vector<std::byte> keys;     // [resident][kv_heads][head_dim]
-  std::vector<std::byte> values;   // [resident][kv_heads][head_dim]
+  // What keys and values hold: [resident][kv_heads][head_dim] of a float
+  // dtype, or [resident] token records of the layout's quantised dtype.
+  DType dtype = DType::kF32;
+  std::vector<std::byte> keys;
+  std::vector<std::byte> values;
 };
 
 struct SessionStats {

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "kernels/quantize.h"
+
 namespace kvkeep {
 namespace {
 
@@ -67,31 +69,6 @@ void AccumulateRows4(const float* __restrict p0, const float* __restrict p1,
   }
   sums[0] = s0, sums[1] = s1, sums[2] = s2, sums[3] = s3;
   mins[0] = m0, mins[1] = m1, mins[2] = m2, mins[3] = m3;
-}
-
-// dst[i] = element (first + i) of an array of `t`, as float32, for i < n.
-// The dtype is resolved once per row, so each loop is a plain conversion the
-// compiler can vectorise.
-void WidenRow(DType t, const void* base, int64_t first, int32_t n,
-              float* __restrict dst) {
-  switch (t) {
-    case DType::kF32: {
-      const float* src = static_cast<const float*>(base) + first;
-      for (int32_t i = 0; i < n; ++i) dst[i] = src[i];
-      return;
-    }
-    case DType::kBF16: {
-      const uint16_t* src = static_cast<const uint16_t*>(base) + first;
-#pragma omp simd
-      for (int32_t i = 0; i < n; ++i) dst[i] = Bf16ToFloat(src[i]);
-      return;
-    }
-    case DType::kF16: {
-      const uint16_t* src = static_cast<const uint16_t*>(base) + first;
-      for (int32_t i = 0; i < n; ++i) dst[i] = F16ToFloat(src[i]);
-      return;
-    }
-  }
 }
 
 // NaN-propagating fold of one (sum, min) into the check.
@@ -186,7 +163,7 @@ void QueryAttention(const PagedKeys& keys, const float* queries,
           lay.key_offset(page, static_cast<int32_t>(s % lay.page_tokens));
       for (int32_t g = 0; g < lay.kv_heads; ++g) {
         if (visible) {
-          WidenRow(lay.dtype, k_base, static_cast<int64_t>(g) * d, d, key);
+          WidenHead(lay, k_base, g, key);
         }
         for (int32_t j = 0; j < group; ++j) {
           const int32_t h = g * group + j;

@@ -1,5 +1,6 @@
 // Element types of stored keys and values, and exact conversions to and from
-// float32. Plain functions usable from host code and, later, device code.
+// float32. Plain functions usable from host and device code (the CUDA kernels
+// call the same conversions, so they agree bit for bit with the CPU twins).
 // Thread-safe (stateless).
 #ifndef KVKEEP_KERNELS_DTYPE_H_
 #define KVKEEP_KERNELS_DTYPE_H_
@@ -8,11 +9,37 @@
 #include <cstring>
 #include <string_view>
 
+#if defined(__CUDACC__)
+#define KVKEEP_HOST_DEVICE __host__ __device__
+#else
+#define KVKEEP_HOST_DEVICE
+#endif
+
 namespace kvkeep {
 
-enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
+// f32, f16 and bf16 are stored as they are. int8, fp8_e4m3 and int4 are
+// quantised: the store quantises what workers append (in the layout's
+// append dtype) into token records with per-group scales
+// (kernels/quant_format.h, docs/quantization.md).
+enum class DType : uint8_t {
+  kF32 = 0,
+  kF16 = 1,
+  kBF16 = 2,
+  kInt8 = 3,
+  kFp8E4M3 = 4,
+  kInt4 = 5,
+};
 
-constexpr int DTypeBytes(DType t) { return t == DType::kF32 ? 4 : 2; }
+constexpr bool IsQuantized(DType t) {
+  return t == DType::kInt8 || t == DType::kFp8E4M3 || t == DType::kInt4;
+}
+
+// Bytes of one element of a float dtype (f32, f16, bf16). A quantised dtype
+// has no per-element size (int4 packs two codes a byte and every group has
+// its scale): PageLayout::token_bytes() is the size of its token records.
+constexpr int DTypeBytes(DType t) {
+  return t == DType::kF32 ? 4 : (t == DType::kF16 || t == DType::kBF16) ? 2 : 1;
+}
 
 constexpr std::string_view DTypeName(DType t) {
   switch (t) {
@@ -22,28 +49,50 @@ constexpr std::string_view DTypeName(DType t) {
       return "f16";
     case DType::kBF16:
       return "bf16";
+    case DType::kInt8:
+      return "int8";
+    case DType::kFp8E4M3:
+      return "fp8_e4m3";
+    case DType::kInt4:
+      return "int4";
   }
   return "?";
 }
 
-inline float Bf16ToFloat(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+KVKEEP_HOST_DEVICE inline float BitsToFloat(uint32_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(bits);
+#else
   float f;
   std::memcpy(&f, &bits, sizeof f);
   return f;
+#endif
+}
+
+KVKEEP_HOST_DEVICE inline uint32_t FloatToBits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  return bits;
+#endif
+}
+
+KVKEEP_HOST_DEVICE inline float Bf16ToFloat(uint16_t h) {
+  return BitsToFloat(static_cast<uint32_t>(h) << 16);
 }
 
 // Round to nearest even, as torch does; NaN stays NaN.
-inline uint16_t FloatToBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
+KVKEEP_HOST_DEVICE inline uint16_t FloatToBf16(float f) {
+  const uint32_t bits = FloatToBits(f);
   if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
   const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
   return static_cast<uint16_t>((bits + rounding) >> 16);
 }
 
 // IEEE 754 binary16 -> binary32, exact (subnormals, infinities, NaN).
-inline float F16ToFloat(uint16_t h) {
+KVKEEP_HOST_DEVICE inline float F16ToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu;
   uint32_t mant = h & 0x3ffu;
@@ -65,15 +114,12 @@ inline float F16ToFloat(uint16_t h) {
   } else {
     bits = sign | (exp + 127 - 15) << 23 | mant << 13;
   }
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
+  return BitsToFloat(bits);
 }
 
 // binary32 -> binary16, round to nearest even.
-inline uint16_t FloatToF16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
+KVKEEP_HOST_DEVICE inline uint16_t FloatToF16(float f) {
+  const uint32_t bits = FloatToBits(f);
   const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
   const uint32_t abs = bits & 0x7fffffffu;
   if (abs > 0x7f800000u) return sign | 0x7e00u;   // NaN
@@ -94,8 +140,10 @@ inline uint16_t FloatToF16(float f) {
   return sign | static_cast<uint16_t>(r);
 }
 
-// Reads element i of an array of `t` as float32.
-inline float LoadAsFloat(DType t, const void* base, int64_t i) {
+// Reads element i of an array of float dtype `t` as float32 (0 for a
+// quantised dtype, which has no plain arrays: see kernels/quantize.h).
+KVKEEP_HOST_DEVICE inline float LoadAsFloat(DType t, const void* base,
+                                            int64_t i) {
   switch (t) {
     case DType::kF32:
       return static_cast<const float*>(base)[i];
@@ -103,12 +151,15 @@ inline float LoadAsFloat(DType t, const void* base, int64_t i) {
       return F16ToFloat(static_cast<const uint16_t*>(base)[i]);
     case DType::kBF16:
       return Bf16ToFloat(static_cast<const uint16_t*>(base)[i]);
+    default:
+      return 0.0f;
   }
-  return 0.0f;
 }
 
-// Writes f as element i of an array of `t` (rounded to nearest even).
-inline void StoreFromFloat(DType t, void* base, int64_t i, float f) {
+// Writes f as element i of an array of float dtype `t` (rounded to nearest
+// even); nothing for a quantised dtype.
+KVKEEP_HOST_DEVICE inline void StoreFromFloat(DType t, void* base, int64_t i,
+                                              float f) {
   switch (t) {
     case DType::kF32:
       static_cast<float*>(base)[i] = f;
@@ -118,6 +169,8 @@ inline void StoreFromFloat(DType t, void* base, int64_t i, float f) {
       return;
     case DType::kBF16:
       static_cast<uint16_t*>(base)[i] = FloatToBf16(f);
+      return;
+    default:
       return;
   }
 }

@@ -4,7 +4,12 @@
 //
 // One page holds one layer's keys and values for `page_tokens` tokens of all
 // kv heads:
-//   page: [2 (K, V)][page_tokens][kv_heads][head_dim] elements of `dtype`
+//   page: [2 (K, V)][page_tokens][token_bytes()]
+// A token's keys (or values) are [kv_heads][head_dim] elements of `dtype`
+// for f32, f16 and bf16, and for int8, fp8_e4m3 and int4 one quantised token
+// record (codes, then the per-group scales and zero points; the format is in
+// kernels/quant_format.h). Either way a token is token_bytes() contiguous
+// bytes, so copies, compaction and transfers move records whole.
 // Offsets are 64-bit: page id x page bytes overflows int32 on a real GPU.
 #ifndef KVKEEP_KERNELS_PAGE_LAYOUT_H_
 #define KVKEEP_KERNELS_PAGE_LAYOUT_H_
@@ -12,12 +17,7 @@
 #include <cstdint>
 
 #include "kernels/dtype.h"
-
-#if defined(__CUDACC__)
-#define KVKEEP_HOST_DEVICE __host__ __device__
-#else
-#define KVKEEP_HOST_DEVICE
-#endif
+#include "kernels/quant_format.h"
 
 namespace kvkeep {
 
@@ -28,10 +28,31 @@ struct PageLayout {
   int32_t kv_heads = 0;
   int32_t head_dim = 0;
   DType dtype = DType::kF32;
+  // Elements per quantisation group (quantised dtypes; divides head_dim).
+  int32_t group_size = 0;
 
+  // Elements of one token's keys (or values): kv_heads * head_dim.
+  KVKEEP_HOST_DEVICE int64_t token_elements() const {
+    return static_cast<int64_t>(kv_heads) * head_dim;
+  }
+  // Quantised records: bytes of the codes, then where the scales and the
+  // zero points start, and the number of groups.
+  KVKEEP_HOST_DEVICE int64_t code_bytes() const {
+    return dtype == DType::kInt4 ? token_elements() / 2 : token_elements();
+  }
+  KVKEEP_HOST_DEVICE int64_t groups() const {
+    return group_size > 0 ? token_elements() / group_size : 0;
+  }
+  KVKEEP_HOST_DEVICE int64_t scales_offset() const { return code_bytes(); }
+  KVKEEP_HOST_DEVICE int64_t zeros_offset() const {
+    return code_bytes() + 2 * groups();
+  }
   // Bytes of one token's keys (or values) for all kv heads.
   KVKEEP_HOST_DEVICE int64_t token_bytes() const {
-    return static_cast<int64_t>(kv_heads) * head_dim * DTypeBytes(dtype);
+    if (IsQuantized(dtype)) {
+      return code_bytes() + groups() * SpecOf(dtype).meta_bytes();
+    }
+    return token_elements() * DTypeBytes(dtype);
   }
   KVKEEP_HOST_DEVICE int64_t page_bytes() const {
     return 2 * static_cast<int64_t>(page_tokens) * token_bytes();

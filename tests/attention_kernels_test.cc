@@ -261,6 +261,8 @@ double DecodeElement(DType t, const std::byte* p) {
       std::memcpy(&h, p, 2);
       return std::bit_cast<float>(uint32_t{h} << 16);
     }
+    default:
+      return NAN;
   }
   return NAN;
 }

@@ -16,19 +16,19 @@ namespace kvkeep::test_data {
 
 using ::kvkeep::testing::Noise;  // a value in [-1, 1) for any tuple
 
-// The keys (values = false) or values of `positions` in one layer, in the
-// layout's dtype: [n][kv_heads][head_dim].
+// The keys (values = false) or values of `positions` in one layer, as a
+// worker appends them (the layout's input dtype): [n][kv_heads][head_dim].
 inline std::vector<std::byte> TokenBytes(const ModelLayout& l, int32_t layer,
                                          std::span<const int64_t> positions,
                                          bool values) {
   const int64_t per_token = int64_t{l.kv_heads} * l.head_dim;
   std::vector<std::byte> out(positions.size() * per_token *
-                             DTypeBytes(l.dtype));
+                             DTypeBytes(l.input_dtype()));
   for (size_t t = 0; t < positions.size(); ++t) {
     for (int64_t e = 0; e < per_token; ++e) {
       const float f = static_cast<float>(
           Noise(layer, static_cast<uint64_t>(positions[t]), e, values ? 1 : 2));
-      StoreFromFloat(l.dtype, out.data(), t * per_token + e, f);
+      StoreFromFloat(l.input_dtype(), out.data(), t * per_token + e, f);
     }
   }
   return out;

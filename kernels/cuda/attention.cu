@@ -47,6 +47,26 @@ __device__ __forceinline__ float LoadElement(const std::byte* base, int i) {
   }
 }
 
+// Element e (of [kv_heads][head_dim]) of one stored token's keys as float32:
+// a plain load for f32/f16/bf16, and for a quantised dtype the code times its
+// group's scale through kernels/quant_format.h, the functions the CPU twin
+// (kernels/quantize.cc) calls, so the keys scored are bit-identical.
+template <DType kType>
+__device__ __forceinline__ float LoadKey(const std::byte* token,
+                                         const PageLayout& layout, int e) {
+  if constexpr (!IsQuantized(kType)) {
+    return LoadElement<kType>(token, e);
+  } else {
+    constexpr QuantSpec kSpec = SpecOf(kType);
+    const auto* record = reinterpret_cast<const uint8_t*>(token);
+    const int g = e / layout.group_size;
+    const float scale = LoadScale(record + layout.scales_offset(), g);
+    int32_t zero = kSpec.fp8 ? 0 : kSpec.fixed_zero();
+    if constexpr (kSpec.asymmetric) zero = record[layout.zeros_offset() + g];
+    return DequantCode(kSpec, LoadCode(kSpec.bits, record, e), scale, zero);
+  }
+}
+
 // Sum or max over the 32 lanes of a warp; every lane gets the result. All
 // 32 lanes must call it.
 __device__ __forceinline__ float WarpSum(float v) {
@@ -131,15 +151,15 @@ __global__ void __launch_bounds__(kLogitThreads)
       continue;
     }
     const PageId page = keys.pages[s / layout.page_tokens];
-    const std::byte* key =
+    const std::byte* token =
         keys.arena +
-        layout.key_offset(page, static_cast<int32_t>(s % layout.page_tokens)) +
-        static_cast<int64_t>(g) * kHeadDim * DTypeBytes(kType);
+        layout.key_offset(page, static_cast<int32_t>(s % layout.page_tokens));
     float k[kPerLane];
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int e = lane + i * kWarpSize;
-      k[i] = e < kHeadDim ? LoadElement<kType>(key, e) : 0.0f;
+      k[i] =
+          e < kHeadDim ? LoadKey<kType>(token, layout, g * kHeadDim + e) : 0.0f;
     }
     for (int32_t j = 0; j < group; ++j) {
       // The G query rows of this (r, g) are shared by every warp of the
@@ -248,6 +268,18 @@ cudaError_t LaunchLogits(const LogitsArgs& args, dim3 grid,
       return cudaGetLastError();
     case DType::kBF16:
       QueryLogitsKernel<kHeadDim, DType::kBF16>
+          <<<grid, kLogitThreads, 0, stream>>>(args);
+      return cudaGetLastError();
+    case DType::kInt8:
+      QueryLogitsKernel<kHeadDim, DType::kInt8>
+          <<<grid, kLogitThreads, 0, stream>>>(args);
+      return cudaGetLastError();
+    case DType::kFp8E4M3:
+      QueryLogitsKernel<kHeadDim, DType::kFp8E4M3>
+          <<<grid, kLogitThreads, 0, stream>>>(args);
+      return cudaGetLastError();
+    case DType::kInt4:
+      QueryLogitsKernel<kHeadDim, DType::kInt4>
           <<<grid, kLogitThreads, 0, stream>>>(args);
       return cudaGetLastError();
   }

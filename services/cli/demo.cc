@@ -20,6 +20,7 @@
 #include "kernels/dtype.h"
 #include "nlohmann/json.hpp"
 #include "services/cli/output.h"
+#include "services/common/dtype_proto.h"
 
 namespace kvkeep::cli {
 namespace {
@@ -38,15 +39,16 @@ client::KvTokens RandomTokens(const v1::Layout& layout, int64_t first,
   for (int64_t i = 0; i < n; ++i) tokens.positions.push_back(first + i);
   const int64_t elems = n * layout.kv_heads() * layout.head_dim();
   auto fill = [&](std::string& out) {
-    const int64_t width = layout.dtype() == v1::DTYPE_F32 ? 4 : 2;
+    const v1::DType dtype = AppendDTypeOf(layout);
+    const int64_t width = dtype == v1::DTYPE_F32 ? 4 : 2;
     out.resize(elems * width);
     for (int64_t e = 0; e < elems; ++e) {
       const float v = normal(rng);
-      if (layout.dtype() == v1::DTYPE_F32) {
+      if (dtype == v1::DTYPE_F32) {
         std::memcpy(out.data() + e * 4, &v, 4);
       } else {
         const uint16_t h =
-            layout.dtype() == v1::DTYPE_F16 ? FloatToF16(v) : FloatToBf16(v);
+            dtype == v1::DTYPE_F16 ? FloatToF16(v) : FloatToBf16(v);
         std::memcpy(out.data() + e * 2, &h, 2);
       }
     }

@@ -27,10 +27,11 @@ int64_t DTypeBytes(v1::DType dtype) {
   return d.ok() ? kvkeep::DTypeBytes(*d) : 0;
 }
 
-// Bytes of one token's keys (or values) in one layer.
+// Bytes of one token's keys (or values) in one layer, as appended and as
+// ReadKv returns them (the append dtype: dequantised for a quantised layout).
 int64_t TokenBytes(const v1::Layout& layout) {
   return int64_t{layout.kv_heads()} * layout.head_dim() *
-         DTypeBytes(layout.dtype());
+         DTypeBytes(AppendDTypeOf(layout));
 }
 
 // The server's default receive limit, when ServerInfo gives none.
@@ -421,6 +422,7 @@ absl::StatusOr<std::vector<LayerKvData>> Session::ReadKv(
   v1::ReadKvRequest request;
   request.set_session_id(id_);
   request.mutable_layers()->Add(layers.begin(), layers.end());
+  request.set_dtype(AppendDTypeOf(layout_));
   const int64_t token_bytes = TokenBytes(layout_);
   std::vector<LayerKvData> out;
   absl::Status s = connection_->Call(

@@ -103,8 +103,10 @@ struct LayerKvData {
   int32_t layer = 0;
   uint64_t version = 0;
   std::vector<int64_t> positions;  // per slot
-  std::string keys;                // [resident][kv_heads][head_dim]
-  std::string values;              // [resident][kv_heads][head_dim]
+  // [resident][kv_heads][head_dim] of the layout's append dtype (for a
+  // quantised layout: dequantised by the server).
+  std::string keys;
+  std::string values;
 };
 
 // What an AppendPrefill did: one result per chunk the client sent, and each

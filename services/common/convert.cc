@@ -158,6 +158,8 @@ void LayoutToProto(const ModelLayout& in, v1::Layout* out) {
   out->set_page_tokens(in.page_tokens);
   out->set_keys_pre_rope(in.keys_pre_rope);
   out->set_page_bytes(in.page_layout().page_bytes());
+  out->set_group_size(in.page_layout().group_size);
+  out->set_append_dtype(DTypeToProto(in.input_dtype()));
 }
 
 void StatsToProto(const SessionStats& in, v1::SessionStats* out) {

@@ -14,6 +14,9 @@ v1::DType DTypeToProto(DType t);
 // INVALID_ARGUMENT "unknown dtype N" for DTYPE_UNSPECIFIED and any value
 // this build does not know.
 absl::StatusOr<DType> DTypeFromProto(v1::DType t);
+// The dtype a layout's appends are in: append_dtype, or dtype from a server
+// that predates quantised layouts (and leaves append_dtype unset).
+v1::DType AppendDTypeOf(const v1::Layout& layout);
 
 }  // namespace kvkeep
 

@@ -20,6 +20,7 @@
 #include "cache_store/quote.h"
 #include "services/common/constant_time.h"
 #include "services/common/convert.h"
+#include "services/common/dtype_proto.h"
 #include "services/common/grpc_status.h"
 #include "services/kvkeepd/block_table_pages.h"
 #include "services/transfer/session_receiver.h"
@@ -715,6 +716,11 @@ class ReadKvReactor final : public grpc::ServerWriteReactor<v1::KvChunk> {
         service_->store().HoldLease(id_);
     if (!hold.ok()) return hold.status();
     hold_ = *std::move(hold);
+    if (req.dtype() != v1::DTYPE_UNSPECIFIED) {
+      absl::StatusOr<DType> dtype = DTypeFromProto(req.dtype());
+      if (!dtype.ok()) return dtype.status();
+      dtype_ = *dtype;
+    }
     layers_.assign(req.layers().begin(), req.layers().end());
     absl::StatusOr<SessionStats> stats = service_->store().GetStats(id_);
     if (!stats.ok()) return stats.status();
@@ -735,7 +741,8 @@ class ReadKvReactor final : public grpc::ServerWriteReactor<v1::KvChunk> {
       }
       layer_ = layers_[next_layer_++];
       absl::StatusOr<LayerKvCopy> copy =
-          service_->store().ReadLayer(id_, layer_);
+          dtype_ ? service_->store().ReadLayerAs(id_, layer_, *dtype_)
+                 : service_->store().ReadLayer(id_, layer_);
       if (!copy.ok()) {
         Finish(service_->Finish("ReadKv", copy.status()));
         return;
@@ -746,6 +753,7 @@ class ReadKvReactor final : public grpc::ServerWriteReactor<v1::KvChunk> {
         chunk_.Clear();
         chunk_.set_layer(layer_);
         chunk_.set_version(copy_.version);
+        chunk_.set_dtype(DTypeToProto(copy_.dtype));
         StartWrite(&chunk_);
         return;
       }
@@ -762,6 +770,7 @@ class ReadKvReactor final : public grpc::ServerWriteReactor<v1::KvChunk> {
     chunk_.set_layer(layer_);
     chunk_.set_version(copy_.version);
     chunk_.set_first_slot(next_slot_);
+    chunk_.set_dtype(DTypeToProto(copy_.dtype));
     chunk_.mutable_positions()->Add(copy_.positions.begin() + next_slot_,
                                     copy_.positions.begin() + end);
     const auto* k = reinterpret_cast<const char*>(copy_.keys.data());
@@ -780,6 +789,7 @@ class ReadKvReactor final : public grpc::ServerWriteReactor<v1::KvChunk> {
   SessionId id_ = 0;
   std::unique_ptr<CacheStore::LeaseHold> hold_;  // while the stream is open
   std::vector<int32_t> layers_;
+  std::optional<DType> dtype_;  // unset: the stored bytes
   size_t next_layer_ = 0;
   int32_t layer_ = 0;
   LayerKvCopy copy_;

@@ -185,7 +185,8 @@ absl::Status SelfCheck(CacheStore& store) {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
   const int64_t token_elems = int64_t{layout.kv_heads} * layout.head_dim;
-  std::vector<std::byte> k(token_elems * DTypeBytes(layout.dtype));
+  const DType input = layout.input_dtype();  // the store quantises if asked
+  std::vector<std::byte> k(token_elems * DTypeBytes(input));
   std::vector<std::byte> v(k.size());
   std::vector<float> q(int64_t{layout.query_heads} * layout.head_dim);
   std::vector<LayerKv> kv(layout.num_layers);
@@ -194,8 +195,8 @@ absl::Status SelfCheck(CacheStore& store) {
   absl::Status status;
   for (int64_t pos = 0; pos < 512 && status.ok(); ++pos) {
     for (int64_t i = 0; i < token_elems; ++i) {
-      StoreFromFloat(layout.dtype, k.data(), i, normal(rng));
-      StoreFromFloat(layout.dtype, v.data(), i, normal(rng));
+      StoreFromFloat(input, k.data(), i, normal(rng));
+      StoreFromFloat(input, v.data(), i, normal(rng));
     }
     for (LayerKv& layer : kv) layer = LayerKv{k, v};
     absl::StatusOr<SessionStats> before = store.GetStats(*id);

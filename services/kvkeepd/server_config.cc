@@ -72,25 +72,35 @@ absl::StatusOr<PoolSpec> ParseLayout(const Json& j, int index) {
   KVKEEP_RETURN_IF_ERROR(
       CheckKeys(j, where,
                 {"name", "num_layers", "kv_heads", "query_heads", "head_dim",
-                 "dtype", "page_tokens", "keys_pre_rope", "pool_pages"}));
+                 "dtype", "group_size", "append_dtype", "page_tokens",
+                 "keys_pre_rope", "pool_pages"}));
   PoolSpec spec;
   ModelLayout& l = spec.layout;
   std::string dtype = "bf16";
+  std::string append_dtype = "bf16";
   KVKEEP_RETURN_IF_ERROR(Read(j, "name", where, l.name));
   KVKEEP_RETURN_IF_ERROR(Read(j, "num_layers", where, l.num_layers));
   KVKEEP_RETURN_IF_ERROR(Read(j, "kv_heads", where, l.kv_heads));
   KVKEEP_RETURN_IF_ERROR(Read(j, "query_heads", where, l.query_heads));
   KVKEEP_RETURN_IF_ERROR(Read(j, "head_dim", where, l.head_dim));
   KVKEEP_RETURN_IF_ERROR(Read(j, "dtype", where, dtype));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "group_size", where, l.group_size));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "append_dtype", where, append_dtype));
   KVKEEP_RETURN_IF_ERROR(Read(j, "page_tokens", where, l.page_tokens));
   KVKEEP_RETURN_IF_ERROR(Read(j, "keys_pre_rope", where, l.keys_pre_rope));
   KVKEEP_RETURN_IF_ERROR(Read(j, "pool_pages", where, spec.capacity_pages));
-  absl::StatusOr<DType> parsed = ParseDType(dtype);
-  if (!parsed.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config: ", where, ": ", parsed.status().message()));
-  }
-  l.dtype = *parsed;
+  auto parse = [&](const std::string& name, DType& out) {
+    absl::StatusOr<DType> parsed = ParseDType(name);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config: ", where, " (layout '", l.name,
+                       "'): ", parsed.status().message()));
+    }
+    out = *parsed;
+    return absl::OkStatus();
+  };
+  KVKEEP_RETURN_IF_ERROR(parse(dtype, l.dtype));
+  KVKEEP_RETURN_IF_ERROR(parse(append_dtype, l.append_dtype));
   KVKEEP_RETURN_IF_ERROR(ValidateLayout(l));
   if (spec.capacity_pages <= 0) {
     return absl::InvalidArgumentError(

@@ -304,6 +304,11 @@ std::unique_ptr<Sequence> NewLocalSequence(const ModelConfig& config,
 
 absl::StatusOr<DType> DTypeOf(const v1::Layout& layout) {
   absl::StatusOr<DType> dtype = DTypeFromProto(layout.dtype());
+  if (dtype.ok() && IsQuantized(*dtype)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "layout ", layout.name(), ": kvkeep-lm does not read ",
+        std::string(DTypeName(*dtype)), " pages yet (docs/quantization.md)"));
+  }
   if (!dtype.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("layout ", layout.name(), ": ", dtype.status().message()));

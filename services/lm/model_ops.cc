@@ -352,6 +352,9 @@ void ToFloat(DType dtype, const std::byte* src, int64_t count, float* out) {
       }
       return;
     }
+    default:  // quantised pages are never handed to the model (lm_sequence)
+      std::memset(out, 0, static_cast<size_t>(count) * sizeof(float));
+      return;
   }
 }
 

@@ -319,7 +319,7 @@ absl::StatusOr<PrefilledSession> Prefill(const client::KvKeepClient& client,
   }
   absl::StatusOr<client::BlockTableMirror> mirror = session->Mirror();
   if (!mirror.ok()) return mirror.status();
-  const DType dtype = ToDType(layout.dtype());
+  const DType dtype = ToDType(AppendDTypeOf(layout));
   const int64_t prompt = spec.prompt_tokens;
   const int64_t chunk = std::max<int64_t>(1, plan.prefill_chunk);
   ShadowCache shadow(workload);
@@ -400,7 +400,7 @@ absl::StatusOr<DecodeReport> Decode(const client::Session& session,
   if (!input.ok()) return input.status();
   const bool send_scores = *input == PolicyInput::kPerStep;
   const WorkloadSpec& spec = workload.spec();
-  const DType dtype = ToDType(session.layout().dtype());
+  const DType dtype = ToDType(AppendDTypeOf(session.layout()));
   const int64_t prompt = spec.prompt_tokens;
   const int64_t steps = options.steps < 0
                             ? spec.decode_steps

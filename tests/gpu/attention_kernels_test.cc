@@ -1,9 +1,10 @@
 // LaunchQueryAttention (kernels/cuda/attention.h) against its CPU twin
 // QueryAttention (kernels/attention.h) over awkward sizes: page sizes 1, 3, 7,
 // 16, 17; head dims 64, 80, 128 (and 96, 256); GQA ratios 1, 4, 8; f32, f16
-// and bf16 keys; shuffled, non-contiguous block tables; arrival orders with
-// gaps in shuffled slots; causal masks from all-visible to none-visible;
-// one-row decode steps over many slots.
+// and bf16 keys, and int8, fp8_e4m3 and int4 keys dequantised in the kernel;
+// shuffled, non-contiguous block tables; arrival orders with gaps in shuffled
+// slots; causal masks from all-visible to none-visible; one-row decode steps
+// over many slots.
 //
 // Every arena byte the kernel must not read (values, padding slots, pages
 // outside the block table) is 0xff, a NaN in every dtype, and the output and
@@ -40,6 +41,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/dtype.h"
 #include "kernels/page_layout.h"
+#include "kernels/quantize.h"
 
 namespace kvkeep {
 namespace {
@@ -82,6 +84,18 @@ HostKeys MakeKeys(const PageLayout& layout, int64_t slots, std::mt19937& rng,
     const int64_t base =
         layout.key_offset(f.pages[s / layout.page_tokens],
                           static_cast<int32_t>(s % layout.page_tokens));
+    if (IsQuantized(layout.dtype)) {  // the token's record, as the store
+      std::vector<float> token(layout.token_elements());
+      for (int32_t g = 0; g < layout.kv_heads; ++g) {
+        for (int32_t i = 0; i < layout.head_dim; ++i) {
+          token[int64_t{g} * layout.head_dim + i] = key(s, g, i);
+        }
+      }
+      EXPECT_TRUE(QuantizeTokens(layout, DType::kF32, token.data(), 1,
+                                 f.arena.data() + base)
+                      .ok());
+      continue;
+    }
     for (int32_t g = 0; g < layout.kv_heads; ++g) {
       for (int32_t i = 0; i < layout.head_dim; ++i) {
         StoreFromFloat(
@@ -190,7 +204,9 @@ void RandomCase(int32_t page_tokens, int32_t head_dim, int32_t kv_heads,
   SCOPED_TRACE(ShapeName(page_tokens, head_dim, group, dtype, slots));
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  const PageLayout layout{page_tokens, kv_heads, head_dim, dtype};
+  // Quantised keys in groups of 16 (it divides every head dim here).
+  const PageLayout layout{page_tokens, kv_heads, head_dim, dtype,
+                          IsQuantized(dtype) ? 16 : 0};
   const HostKeys f =
       MakeKeys(layout, slots, rng,
                [&](int64_t, int32_t, int32_t) { return normal(rng); });
@@ -226,6 +242,28 @@ TEST(QueryAttentionKernelTest, MatchesTwinOverAwkwardSizes) {
     }
   }
   EXPECT_EQ(cases, 5 * 3 * 3 * 3 * 2);
+}
+
+// Quantised keys (int8, fp8_e4m3, int4): the kernel dequantises each key
+// element with the twin's functions, so the keys are bit-identical and the
+// tolerances above hold unchanged.
+TEST(QueryAttentionKernelTest, QuantisedKeysMatchTwin) {
+  KVKEEP_REQUIRE_GPU();
+  int cases = 0;
+  for (int32_t page_tokens : {1, 7, 16}) {
+    for (int32_t head_dim : {64, 80, 128}) {
+      for (int32_t group : {1, 4}) {
+        for (DType dtype : {DType::kInt8, DType::kFp8E4M3, DType::kInt4}) {
+          RandomCase(
+              page_tokens, head_dim, /*kv_heads=*/2, group, dtype, 300, nullptr,
+              page_tokens * 13 + head_dim + group + static_cast<int>(dtype));
+          if (HasFatalFailure()) return;
+          ++cases;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 3 * 3 * 2 * 3);
 }
 
 // The other head dims the dispatch supports.

@@ -120,6 +120,56 @@ TEST(ServerConfigTest, ErrorsNameTheKey) {
   }
 }
 
+TEST(ServerConfigTest, QuantisedLayoutsParseAndBadOnesNameTheLayout) {
+  ServerConfig c = DefaultConfig();
+  ASSERT_TRUE(Apply(R"({"layouts": [{"name": "q", "num_layers": 2,
+      "kv_heads": 2, "query_heads": 4, "head_dim": 64, "dtype": "int4",
+      "group_size": 16, "append_dtype": "f16", "pool_pages": 8}]})",
+                    c)
+                  .ok());
+  ASSERT_EQ(c.pools.size(), 1u);
+  EXPECT_EQ(c.pools[0].layout.dtype, DType::kInt4);
+  EXPECT_EQ(c.pools[0].layout.group_size, 16);
+  EXPECT_EQ(c.pools[0].layout.input_dtype(), DType::kF16);
+  c = DefaultConfig();
+  ASSERT_TRUE(Apply(R"({"layouts": [{"name": "q", "num_layers": 2,
+      "kv_heads": 2, "query_heads": 4, "head_dim": 64, "dtype": "fp8_e4m3",
+      "pool_pages": 8}]})",
+                    c)
+                  .ok());
+  EXPECT_EQ(c.pools[0].layout.group_size, 32) << "the documented default";
+  EXPECT_EQ(c.pools[0].layout.input_dtype(), DType::kBF16);
+
+  struct Case {
+    std::string layout_keys;
+    std::string fragment;
+  };
+  const Case cases[] = {
+      {R"("head_dim": 64, "dtype": "int8", "group_size": 48)",
+       "layout 'bad': group_size 48 does not divide head_dim 64"},
+      {R"("head_dim": 80, "dtype": "int8")",
+       "layout 'bad': group_size 32 does not divide head_dim 80"},
+      {R"("head_dim": 63, "dtype": "int4", "group_size": 63)",
+       "layout 'bad': int4 needs an even head_dim (got 63)"},
+      {R"("head_dim": 66, "dtype": "int4", "group_size": 33)",
+       "layout 'bad': int4 needs an even group_size (got 33)"},
+      {R"("head_dim": 64, "dtype": "int3")",
+       "layout 'bad'): unknown dtype 'int3'"},
+      {R"("head_dim": 64, "dtype": "int8", "append_dtype": "int4")",
+       "layout 'bad': append_dtype must be f32, f16 or bf16"},
+  };
+  for (const Case& k : cases) {
+    c = DefaultConfig();
+    const absl::Status s = Apply(
+        R"({"layouts": [{"name": "bad", "num_layers": 1, "kv_heads": 1,
+            "query_heads": 1, "pool_pages": 1, )" +
+            k.layout_keys + "}]}",
+        c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << k.layout_keys;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(k.fragment));
+  }
+}
+
 TEST(ServerConfigTest, MetricsAndTenantsFileKeys) {
   ServerConfig c = DefaultConfig();
   EXPECT_EQ(c.metrics_session_series, 1000);

@@ -13,13 +13,19 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DTYPE_F32: _ClassVar[DType]
     DTYPE_F16: _ClassVar[DType]
     DTYPE_BF16: _ClassVar[DType]
+    DTYPE_INT8: _ClassVar[DType]
+    DTYPE_FP8_E4M3: _ClassVar[DType]
+    DTYPE_INT4: _ClassVar[DType]
 DTYPE_UNSPECIFIED: DType
 DTYPE_F32: DType
 DTYPE_F16: DType
 DTYPE_BF16: DType
+DTYPE_INT8: DType
+DTYPE_FP8_E4M3: DType
+DTYPE_INT4: DType
 
 class Layout(_message.Message):
-    __slots__ = ("name", "num_layers", "kv_heads", "query_heads", "head_dim", "dtype", "page_tokens", "keys_pre_rope", "page_bytes")
+    __slots__ = ("name", "num_layers", "kv_heads", "query_heads", "head_dim", "dtype", "page_tokens", "keys_pre_rope", "page_bytes", "group_size", "append_dtype")
     NAME_FIELD_NUMBER: _ClassVar[int]
     NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
     KV_HEADS_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +35,8 @@ class Layout(_message.Message):
     PAGE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     KEYS_PRE_ROPE_FIELD_NUMBER: _ClassVar[int]
     PAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    APPEND_DTYPE_FIELD_NUMBER: _ClassVar[int]
     name: str
     num_layers: int
     kv_heads: int
@@ -38,7 +46,9 @@ class Layout(_message.Message):
     page_tokens: int
     keys_pre_rope: bool
     page_bytes: int
-    def __init__(self, name: _Optional[str] = ..., num_layers: _Optional[int] = ..., kv_heads: _Optional[int] = ..., query_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., page_tokens: _Optional[int] = ..., keys_pre_rope: _Optional[bool] = ..., page_bytes: _Optional[int] = ...) -> None: ...
+    group_size: int
+    append_dtype: DType
+    def __init__(self, name: _Optional[str] = ..., num_layers: _Optional[int] = ..., kv_heads: _Optional[int] = ..., query_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., page_tokens: _Optional[int] = ..., keys_pre_rope: _Optional[bool] = ..., page_bytes: _Optional[int] = ..., group_size: _Optional[int] = ..., append_dtype: _Optional[_Union[DType, str]] = ...) -> None: ...
 
 class Pool(_message.Message):
     __slots__ = ("layout", "capacity_pages", "used_pages", "page_bytes", "sessions", "allocation_failures", "shared_pages", "page_references")
@@ -481,28 +491,32 @@ class GetBlockTablesResponse(_message.Message):
     def __init__(self, tables: _Optional[_Iterable[_Union[BlockTable, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class ReadKvRequest(_message.Message):
-    __slots__ = ("session_id", "layers")
+    __slots__ = ("session_id", "layers", "dtype")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     LAYERS_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     layers: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, session_id: _Optional[str] = ..., layers: _Optional[_Iterable[int]] = ...) -> None: ...
+    dtype: DType
+    def __init__(self, session_id: _Optional[str] = ..., layers: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[DType, str]] = ...) -> None: ...
 
 class KvChunk(_message.Message):
-    __slots__ = ("layer", "version", "first_slot", "positions", "keys", "values")
+    __slots__ = ("layer", "version", "first_slot", "positions", "keys", "values", "dtype")
     LAYER_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     FIRST_SLOT_FIELD_NUMBER: _ClassVar[int]
     POSITIONS_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
     layer: int
     version: int
     first_slot: int
     positions: _containers.RepeatedScalarFieldContainer[int]
     keys: bytes
     values: bytes
-    def __init__(self, layer: _Optional[int] = ..., version: _Optional[int] = ..., first_slot: _Optional[int] = ..., positions: _Optional[_Iterable[int]] = ..., keys: _Optional[bytes] = ..., values: _Optional[bytes] = ...) -> None: ...
+    dtype: DType
+    def __init__(self, layer: _Optional[int] = ..., version: _Optional[int] = ..., first_slot: _Optional[int] = ..., positions: _Optional[_Iterable[int]] = ..., keys: _Optional[bytes] = ..., values: _Optional[bytes] = ..., dtype: _Optional[_Union[DType, str]] = ...) -> None: ...
 
 class TransferSessionRequest(_message.Message):
     __slots__ = ("session_id", "target", "target_token", "transfer_id", "transport")
