@@ -377,6 +377,49 @@ TEST_F(LeaseTest, AbsurdLeaseLengthsAreRefusedAndHoldNothing) {
   KV_ASSERT_OK(Open("t", kMaxIdleTimeout));
 }
 
+TEST_F(LeaseTest, AForkHasItsOwnLeaseOfItsParentsLengthUnlessItAsks) {
+  LeaseOptions lease;
+  lease.tenant_max_idle_timeout["capped"] = absl::Seconds(20);
+  Start(lease);
+  KV_ASSIGN_OR_FAIL(const SessionId parent, Open("capped", absl::Seconds(15)));
+  KV_ASSERT_OK(Append(parent, 0, 6));
+  clock_.Advance(absl::Seconds(10));
+  // The parent's length, fresh from the fork; the fork renews the parent.
+  KV_ASSIGN_OR_FAIL(const SessionId same, store_->ForkSession(parent, {}));
+  ForkSpec asks;
+  asks.idle_timeout = absl::Seconds(3);
+  KV_ASSIGN_OR_FAIL(const SessionId short_lived,
+                    store_->ForkSession(parent, asks));
+  KV_ASSIGN_OR_FAIL(const SessionStats same_stats,
+                    store_->GetStats(same, /*renew_lease=*/false));
+  KV_ASSIGN_OR_FAIL(const SessionStats parent_stats,
+                    store_->GetStats(parent, /*renew_lease=*/false));
+  EXPECT_EQ(same_stats.idle_timeout, absl::Seconds(15));
+  EXPECT_EQ(same_stats.lease_left, absl::Seconds(15));
+  EXPECT_EQ(parent_stats.lease_left, absl::Seconds(15));
+  // Beyond the tenant's maximum, or under the shortest lease: refused, and
+  // no child is made.
+  for (const absl::Duration bad : {absl::Seconds(21), absl::Milliseconds(10)}) {
+    ForkSpec spec;
+    spec.idle_timeout = bad;
+    ExpectError(store_->ForkSession(parent, spec),
+                absl::StatusCode::kInvalidArgument, {"idle timeout"});
+  }
+  EXPECT_EQ(Tenant("capped").sessions, 3);
+  // Each expires on its own lease; the shared pages stay with the others.
+  clock_.Advance(absl::Seconds(3));
+  std::vector<ExpiredSession> expired = store_->ExpireIdle();
+  ASSERT_EQ(expired.size(), 1u);
+  EXPECT_EQ(expired[0].info.id, short_lived);
+  EXPECT_TRUE(Alive(parent));
+  EXPECT_TRUE(Alive(same));
+  clock_.Advance(absl::Seconds(12));
+  expired = store_->ExpireIdle();
+  EXPECT_EQ(expired.size(), 2u);
+  EXPECT_EQ(UsedPages(), 0);
+  EXPECT_EQ(Tenant("capped").sessions, 0);
+}
+
 TEST_F(LeaseTest, BadLeaseOptionsStopTheStore) {
   for (const absl::Duration bad : {-absl::Seconds(1), absl::Milliseconds(500),
                                    kMaxIdleTimeout + absl::Seconds(1)}) {
