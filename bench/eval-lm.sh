@@ -116,7 +116,8 @@ perplexity cache "$ppl_cache_policies"
 # lengths done): kvkeep's policies, then kvpress's presses on the same tasks.
 # Each (task, run) is one line of answers-NAME.jsonl and each (task, press)
 # one row of press_tasks.csv; without --resume they start empty.
-[ $resume = 1 ] || rm -f "$raw"/answers-*.jsonl "$out"/press_*.csv
+[ $resume = 1 ] || rm -f "$raw"/answers-*.jsonl "$out"/press_tasks.csv \
+  "$out"/press_baseline.csv "$out"/press_perplexity.csv
 press_ok=0
 if [ $press = 1 ] && [ -f bench/lm/press_eval.py ] && [ -x scripts/kvpress-env ]; then
   press_ok=1
