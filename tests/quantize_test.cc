@@ -82,7 +82,9 @@ TEST(QuantFormatTest, Int8RecordByteForByte) {
   EXPECT_EQ(Dequantize(layout, r, 1), (std::vector<float>{255, 0, -10, 245}));
   // Symmetric (the variant the benchmark compares): max |x| 127 -> scale 1,
   // codes x + 128, no zeros stored.
-  std::vector<std::byte> sym(6);
+  // The record is the layout's (10 bytes); the symmetric variant leaves
+  // the zeros unwritten.
+  std::vector<std::byte> sym(layout.token_bytes());
   const std::vector<float> x = {127, -3, 0, 127};
   ASSERT_TRUE(QuantizeTokensWith(layout, QuantSpec{8, false, false},
                                  DType::kF32, x.data(), 1, sym.data())
