@@ -76,11 +76,10 @@ absl::StatusOr<Response> SessionRead(
   Request request;
   request.set_session_id(session_id);
   Response response;
-  absl::Status s = connection.Call(method, Retry::kOnUnavailable,
-                                   [&](grpc::ClientContext& context, int) {
-                                     return (connection.stub().*rpc)(
-                                         &context, request, &response);
-                                   });
+  absl::Status s = connection.Call(
+      method, Retry::kOnUnavailable, [&](grpc::ClientContext& context, int) {
+        return (connection.stub().*rpc)(&context, request, &response);
+      });
   if (!s.ok()) return s;
   return response;
 }

@@ -337,12 +337,13 @@ grpc::ServerUnaryReactor* KvKeepService::ForkSession(
     if (!stats.ok()) return stats.status();
     NewSessionToProto(*stats, resp);
     resp->set_shared_pages(stats->shared_pages);
-    LogEvent("session_fork",
-             absl::StrCat(
-                 "session=", SessionName(*id), " parent=", req->session_id(),
-                 " tenant=", LogValue(stats->tenant), " policy=", stats->policy,
-                 " shared_pages=", stats->shared_pages, " idle_timeout_seconds=",
-                 absl::ToDoubleSeconds(stats->idle_timeout)));
+    LogEvent(
+        "session_fork",
+        absl::StrCat(
+            "session=", SessionName(*id), " parent=", req->session_id(),
+            " tenant=", LogValue(stats->tenant), " policy=", stats->policy,
+            " shared_pages=", stats->shared_pages, " idle_timeout_seconds=",
+            absl::ToDoubleSeconds(stats->idle_timeout)));
     return absl::OkStatus();
   });
 }

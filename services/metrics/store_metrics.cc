@@ -305,12 +305,13 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
   AddSample(untracked, {}, static_cast<double>(metrics_.UntrackedSessions()));
 
   std::vector<MetricFamily> out;
-  for (MetricFamily* f :
-       {&tokens, &bytes, &pages, &evicted, &mass, &updates, &capacity_pages,
-        &used_pages, &capacity_bytes, &used_bytes, &pool_sessions,
-        &shared_pages, &saved_bytes, &failures, &tenant_sessions, &tenant_bytes,
-        &rejections, &tenant_expired, &sessions_expired, &sessions,
-        &untracked}) {
+  for (MetricFamily* f : {&tokens,           &bytes,         &pages,
+                          &evicted,          &mass,          &updates,
+                          &capacity_pages,   &used_pages,    &capacity_bytes,
+                          &used_bytes,       &pool_sessions, &shared_pages,
+                          &saved_bytes,      &failures,      &tenant_sessions,
+                          &tenant_bytes,     &rejections,    &tenant_expired,
+                          &sessions_expired, &sessions,      &untracked}) {
     out.push_back(std::move(*f));
   }
   return out;
