@@ -412,7 +412,7 @@ def versus_md(rows, budget):
 
 def versus_png(rows, out_dir, budget):
     """Accuracy against the KV bytes held, every method a point per length:
-    kvkeep filled, kvkeep-press open."""
+    kvkeep filled, kvpress open."""
     methods = []
     for r in rows:
         if (r["side"], r["method"]) not in methods:
