@@ -149,11 +149,12 @@ main_runs="$(runs "$answer_policies" "$answer_budget")"
 if [ $quick = 1 ]; then
   answers main "$main_runs" "${task_flags[@]}"
 else
+  # The budget sweep comes last: the heat maps need every length first.
   answers main-1024 "$main_runs" "${task_flags[@]}" --lengths=1024 --conv_lengths=1024
-  KEPT=0.1,0.5 answers budgets "$(runs "$answer_policies" "$sweep_budgets" "")" \
-    "${sweep_flags[@]}"
   answers main-2048 "$main_runs" "${task_flags[@]}" --lengths=2048 --conv_lengths=2048
   answers main-4096 "$main_runs" "${task_flags[@]}" --lengths=4096 --tasks=passkey
+  KEPT=0.1,0.5 answers budgets "$(runs "$answer_policies" "$sweep_budgets" "")" \
+    "${sweep_flags[@]}"
 fi
 
 if [ $press_ok = 1 ]; then
