@@ -108,7 +108,8 @@ class TransferCall final
 
   // Ends the call from this side: cancels it, or (once the queued writes
   // are done) half-closes it and lets the target answer; then waits for its
-  // status.
+  // status. Every call started is finished once (it holds itself until
+  // then).
   grpc::Status Finish(bool cancel) ABSL_LOCKS_EXCLUDED(mu_) {
     if (cancel) {
       ctx_.TryCancel();
@@ -118,7 +119,14 @@ class TransferCall final
       StartWritesDone();
     }
     RemoveHold();
+    std::shared_ptr<TransferCall> self;
     absl::MutexLock lock(&mu_, absl::Condition(&done_));
+    // The call's last reference is never let go on a gRPC thread: its
+    // context holds the channel, and a channel that ends on one of gRPC's
+    // callback threads may end that thread's own completion queue (gRPC
+    // 1.51 then aborts: "assertion failed: prior > 0"). The caller's
+    // reference outlives this one.
+    self = std::move(self_);
     return status_;
   }
 
@@ -154,14 +162,9 @@ class TransferCall final
     }
   }
   void OnDone(const grpc::Status& status) override ABSL_LOCKS_EXCLUDED(mu_) {
-    std::shared_ptr<TransferCall> self;
-    {
-      absl::MutexLock lock(&mu_);
-      status_ = status;
-      done_ = true;
-      self = std::move(self_);
-    }
-    // `self` may be the last reference: the call ends here.
+    absl::MutexLock lock(&mu_);
+    status_ = status;
+    done_ = true;  // Finish lets `self_` go
   }
 
  private:
@@ -179,7 +182,7 @@ class TransferCall final
 
   grpc::ClientContext ctx_;
   absl::Mutex mu_;
-  std::shared_ptr<TransferCall> self_ ABSL_GUARDED_BY(mu_);  // until OnDone
+  std::shared_ptr<TransferCall> self_ ABSL_GUARDED_BY(mu_);  // until Finish
   // The message on the wire, and those after it.
   grpc::ByteBuffer write_ ABSL_GUARDED_BY(mu_);
   std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);

@@ -593,7 +593,8 @@ TEST(TransferLivenessTest, TheDrainEndsATransferAndTellsItsTrueOutcome) {
   }
   const absl::StatusOr<int> exit = a.child->Wait(kPatience);
   ASSERT_TRUE(exit.ok()) << exit.status();
-  EXPECT_EQ(*exit, 0);
+  EXPECT_EQ(*exit, 0) << child_process::DescribeWaitStatus(*exit) << "\n"
+                      << a.child->Output();
   // The target holds the session exactly when the caller was told OK.
   absl::StatusOr<v1::SessionStats> there = b.client->GetSessionStats(s->id());
   EXPECT_EQ(there.ok(), told.ok())
