@@ -126,6 +126,8 @@ class KvKeepService final : public v1::KvKeep::CallbackService {
   // The drain's part for transfers (TransferCoordinator::Drain): those still
   // sending at `deadline` are cancelled, before the gRPC server's own
   // deadline cancels their calls, so their callers hear how they ended.
+  // Returns once every TransferSession call is answered: the server may
+  // then go (a call finished after it would use its freed queue).
   void DrainTransfers(absl::Time deadline) { transfers_.Drain(deadline); }
   // ReceiveSession is registered raw in the constructor (the transfer
   // module's receiver reads chunks in place): the typed override is unused.

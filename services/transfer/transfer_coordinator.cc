@@ -42,6 +42,11 @@ void TransferCoordinator::Drain(absl::Time deadline) {
     cancel->Cancel(absl::UnavailableError(
         "the store is stopping (its drain_seconds passed)"));
   }
+  // Cancelled sends end promptly; each answers its caller (`done`), which
+  // for TransferSession finishes a call of the gRPC server: that must
+  // happen before the server goes away.
+  mu_.Await(absl::Condition(
+      +[](int64_t* n) { return *n == 0; }, &sends_));
 }
 
 void TransferCoordinator::Send(
@@ -79,12 +84,12 @@ void TransferCoordinator::Send(
     TransferOutcome outcome = Run(transfer, transfer_id);
     outcome.transfer_id = transfer_id;
     outcome.duration = absl::Now() - start;
+    done(outcome);
     {
       absl::MutexLock lock(&mu_);
       --sends_;
       cancels_.erase(transfer.cancel);
     }
-    done(outcome);
     if (outcome.doubt > 0) Resolve(transfer, transfer_id, outcome.doubt);
     absl::MutexLock lock(&mu_);
     --sending_;

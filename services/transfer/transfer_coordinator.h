@@ -115,7 +115,8 @@ class TransferCoordinator {
       grpc::CallbackServerContext* ctx, absl::StatusOr<std::string> tenant);
   // The drain: waits until no send runs or `deadline`, then cancels the
   // sends still running (UNAVAILABLE: the store is stopping) and stops
-  // asking about commits in doubt. Sends started later are refused.
+  // asking about commits in doubt. Sends started later are refused. Returns
+  // once every send has answered its caller (its `done` returned).
   void Drain(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -166,7 +167,7 @@ class TransferCoordinator {
   };
   absl::flat_hash_map<SessionId, Outgoing> outgoing_ ABSL_GUARDED_BY(mu_);
   int64_t sending_ ABSL_GUARDED_BY(mu_) = 0;  // threads running
-  int64_t sends_ ABSL_GUARDED_BY(mu_) = 0;    // of them, sending (not asking)
+  int64_t sends_ ABSL_GUARDED_BY(mu_) = 0;    // of them, sending or answering
   // The cancels of sends and questions under way (the drain's).
   absl::flat_hash_set<std::shared_ptr<TransferCancel>> cancels_
       ABSL_GUARDED_BY(mu_);
