@@ -243,6 +243,7 @@ TEST_F(SessionLeaseTest, AnOpenDecodeStreamHoldsTheLease) {
 TEST_F(SessionLeaseTest, OnlyItsOwnTenantHearsThatASessionExpired) {
   KV_ASSIGN_OR_FAIL(const client::Session s, Create(*a_));
   KV_ASSERT_OK(s.AppendPrefill(Tokens(0, 9)));
+  AwaitNotHeld(s.id());  // the idle time starts once the stream has ended
   const std::string not_found = absl::StrCat("session ", s.id(), " not found");
   // Another tenant: the answer an unknown id gets, live or expired.
   absl::Status other = capped_->KeepAlive(s.id()).status();
