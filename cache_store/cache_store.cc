@@ -278,6 +278,7 @@ absl::StatusOr<SessionSnapshot> CacheStore::ExportSession(SessionId id,
         if (!s.device_error().ok()) return s.device_error();
         snapshot.tenant = entry.info.tenant;
         snapshot.policy = entry.policy_spec;
+        snapshot.idle_timeout = entry.idle_timeout;
         return snapshot;
       });
 }
@@ -470,11 +471,8 @@ absl::StatusOr<SessionId> CacheStore::CommitImport(
         absl::StrCat(SessionLabel(snapshot.id), " already exists here"));
   }
   if (absl::Status s = Admit(snapshot.tenant).status(); !s.ok()) return s;
-  // An imported session starts a lease of this store's default for its
-  // tenant (the default cannot fail to resolve).
-  const absl::Duration idle_timeout =
-      ResolveIdleTimeout(options_.lease, snapshot.tenant, absl::ZeroDuration())
-          .value_or(absl::ZeroDuration());
+  const absl::Duration idle_timeout = ImportedIdleTimeout(
+      options_.lease, snapshot.tenant, snapshot.idle_timeout);
   Register(std::move(pending->session_), snapshot.tenant, snapshot.policy, "",
            idle_timeout);
   return snapshot.id;

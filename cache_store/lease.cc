@@ -92,6 +92,22 @@ absl::StatusOr<absl::Duration> ResolveIdleTimeout(const LeaseOptions& options,
   return requested;
 }
 
+absl::Duration ImportedIdleTimeout(const LeaseOptions& options,
+                                   const std::string& tenant,
+                                   std::optional<absl::Duration> carried) {
+  const absl::Duration max = MaxIdleTimeout(options, tenant);
+  if (!carried.has_value()) {
+    // The default cannot fail to resolve.
+    return ResolveIdleTimeout(options, tenant, absl::ZeroDuration())
+        .value_or(absl::ZeroDuration());
+  }
+  // "Never" is past any maximum, so a tenant with one gets its maximum.
+  if (*carried == absl::ZeroDuration()) {
+    return max == kMaxIdleTimeout ? absl::ZeroDuration() : max;
+  }
+  return std::clamp(*carried, kMinIdleTimeout, max);
+}
+
 void ExpiredSessions::Add(SessionId id, std::string tenant,
                           absl::Duration idle_timeout) {
   if (capacity_ <= 0) return;

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
@@ -58,6 +59,14 @@ absl::Status ValidateLeaseOptions(const LeaseOptions& options);
 // The longest idle timeout `tenant`'s sessions may have.
 absl::Duration MaxIdleTimeout(const LeaseOptions& options,
                               const std::string& tenant);
+
+// The idle timeout a session of `tenant` imported from another store gets:
+// the length it `carried` there, clamped to [kMinIdleTimeout, the tenant's
+// maximum] ("never" becomes the maximum where the tenant has one); nullopt
+// (the source did not say): this store's default.
+absl::Duration ImportedIdleTimeout(const LeaseOptions& options,
+                                   const std::string& tenant,
+                                   std::optional<absl::Duration> carried);
 
 // The idle timeout a session of `tenant` gets when its create asks for
 // `requested` (ZeroDuration: nothing asked, the default). INVALID_ARGUMENT

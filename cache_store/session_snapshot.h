@@ -14,10 +14,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "cache_store/model_layout.h"
 #include "cache_store/policy_params.h"
 #include "cache_store/session_types.h"
@@ -50,6 +52,9 @@ struct SessionSnapshot {
   bool compressed = false;     // snapkv: the prompt was compressed
   SessionWork work;            // evictions and updates so far (times: zero)
   std::vector<LayerSnapshot> layers;
+  // The lease's length (ZeroDuration: it never expires); nullopt where the
+  // snapshot does not say (an older source).
+  std::optional<absl::Duration> idle_timeout;
 };
 
 // INVALID_ARGUMENT, naming the layer and field, unless `snapshot` is

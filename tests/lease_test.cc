@@ -8,6 +8,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -322,16 +323,41 @@ TEST_F(LeaseTest, ATransferPinsTheLeaseAndAnAbortRestartsIt) {
   EXPECT_EQ(Tenant("t").expired_sessions, 1);
 }
 
-TEST_F(LeaseTest, AnImportedSessionStartsTheTargetsDefaultLease) {
-  KV_ASSIGN_OR_FAIL(const SessionId id, Open("t", absl::Seconds(100)));
-  KV_ASSERT_OK(Append(id, 0, 4));
-  KV_ASSIGN_OR_FAIL(const SessionSnapshot snapshot, store_->ExportSession(id));
-  KV_ASSERT_OK(store_->CloseSession(id));
-  KV_ASSERT_OK(store_->ImportSession(snapshot));
-  KV_ASSIGN_OR_FAIL(const SessionStats stats, store_->GetStats(id));
-  EXPECT_EQ(stats.idle_timeout, kLease);
-  clock_.Advance(kLease);
-  EXPECT_EQ(store_->ExpireIdle().size(), 1u);
+TEST_F(LeaseTest, AnImportedSessionKeepsItsLeaseWithinTheTargetsMaximum) {
+  LeaseOptions lease;
+  lease.default_idle_timeout = absl::Hours(1);  // becomes kLease in Start
+  lease.tenant_max_idle_timeout["capped"] = absl::Seconds(50);
+  Start(lease);
+  // Exported with `carried`, imported back: the lease it then has.
+  auto imported = [&](const std::string& tenant, absl::Duration asked,
+                      std::optional<absl::Duration> carried) {
+    absl::StatusOr<SessionId> id = Open(tenant, asked);
+    EXPECT_TRUE(id.ok()) << id.status();
+    EXPECT_TRUE(Append(*id, 0, 4).ok());
+    absl::StatusOr<SessionSnapshot> snapshot = store_->ExportSession(*id);
+    EXPECT_TRUE(snapshot.ok()) << snapshot.status();
+    EXPECT_EQ(snapshot->idle_timeout,
+              asked == absl::ZeroDuration() ? kLease : asked);
+    snapshot->idle_timeout = carried;
+    EXPECT_TRUE(store_->CloseSession(*id).ok());
+    EXPECT_TRUE(store_->ImportSession(*snapshot).ok());
+    return store_->GetStats(*id)->idle_timeout;
+  };
+  // Its own length, also one the target's default is shorter than.
+  EXPECT_EQ(imported("t", absl::Seconds(100), absl::Seconds(100)),
+            absl::Seconds(100));
+  EXPECT_EQ(imported("t", kLease * 3, kLease * 3), kLease * 3);
+  // A source that does not say: the target's default.
+  EXPECT_EQ(imported("t", absl::Seconds(100), std::nullopt), kLease);
+  // The target's maximum for the tenant wins; "never" becomes it.
+  EXPECT_EQ(imported("capped", absl::Seconds(40), absl::Seconds(90)),
+            absl::Seconds(50));
+  EXPECT_EQ(imported("capped", absl::Seconds(40), absl::ZeroDuration()),
+            absl::Seconds(50));
+  EXPECT_EQ(imported("t", absl::Seconds(40), absl::ZeroDuration()),
+            absl::ZeroDuration());
+  EXPECT_EQ(imported("t", absl::Seconds(40), absl::Milliseconds(10)),
+            kMinIdleTimeout);
 }
 
 TEST_F(LeaseTest, TheCreateChoosesItsLeaseWithinItsTenantsMaximum) {

@@ -1,9 +1,12 @@
 #include "services/transfer/session_state.h"
 
+#include <algorithm>
+#include <cmath>
 #include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cache_store/lease.h"
 #include "cache_store/quote.h"
 
 namespace kvkeep {
@@ -22,6 +25,9 @@ void StateToProto(const SessionSnapshot& s, v1::SessionState* out) {
   out->set_evicted_score(s.work.evicted_score);
   out->set_score_updates(s.work.score_updates);
   out->set_evictions(s.work.evictions);
+  if (s.idle_timeout.has_value()) {
+    out->set_idle_timeout_seconds(absl::ToDoubleSeconds(*s.idle_timeout));
+  }
   for (const LayerSnapshot& l : s.layers) {
     v1::LayerState* p = out->add_layers();
     p->mutable_positions()->Add(l.position.begin(), l.position.end());
@@ -52,6 +58,17 @@ absl::StatusOr<SessionSnapshot> StateFromProto(const v1::SessionState& p) {
   s.work.evicted_score = p.evicted_score();
   s.work.score_updates = p.score_updates();
   s.work.evictions = p.evictions();
+  if (p.has_idle_timeout_seconds()) {
+    const double seconds = p.idle_timeout_seconds();
+    if (!std::isfinite(seconds) || seconds < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("idle_timeout_seconds ", seconds,
+                       " is not a lease length (0: it never expires)"));
+    }
+    // Past the longest lease is the same as the longest (clamped on import).
+    s.idle_timeout = absl::Seconds(
+        std::min(seconds, absl::ToDoubleSeconds(kMaxIdleTimeout)));
+  }
   for (const v1::LayerState& l : p.layers()) {
     LayerSnapshot layer;
     layer.position.assign(l.positions().begin(), l.positions().end());

@@ -239,6 +239,29 @@ TEST_P(EachTransport, ASessionMovesAndDecodesAsItWouldHave) {
   EXPECT_EQ(source.used_pages(), 0);
 }
 
+// The session's lease goes with it: the target keeps the length the create
+// asked for, not its own default (3600 s in these stores).
+TEST(TransferTest, TheLeaseTravelsWithTheSession) {
+  Store source(256), target(256);
+  v1::CreateSessionRequest request;
+  request.set_layout("m");
+  request.set_policy("h2o");
+  request.mutable_budget()->set_tokens(12);
+  request.set_idle_timeout_seconds(123);
+  absl::StatusOr<client::Session> s = source.client().CreateSession(request);
+  ASSERT_TRUE(s.ok()) << s.status();
+  std::mt19937 rng(3);
+  ASSERT_TRUE(metrics_testing::DecodeWithQueries(*s, 20, 0, rng).ok());
+  v1::TransferSessionResponse response;
+  const grpc::Status status = Transfer(source, s->id(), target.address(),
+                                       &response, "", absl::Seconds(60), "tcp");
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  absl::StatusOr<v1::SessionStats> there =
+      target.client().GetSessionStats(s->id());
+  ASSERT_TRUE(there.ok()) << there.status();
+  EXPECT_EQ(there->idle_timeout_seconds(), 123);
+}
+
 // Whether a target that refused or lost a transfer gives back every page it
 // reserved. It may do so just after the sender has its answer (a receive
 // beside the stream is cleaned up off gRPC's threads), so this waits, up to
