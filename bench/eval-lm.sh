@@ -100,15 +100,31 @@ runs() {
   echo "$r"
 }
 
-# perplexity POSITIONS POLICIES: one batch, every run; its JSON when done.
+# perplexity POSITIONS POLICIES: one batch per budget (full with the
+# first), each kept by --resume once done, so a stopped grid loses at most
+# one batch; raw/perplexity-POSITIONS.json gathers the batches done so far.
 perplexity() {
-  local file="$raw/perplexity-$1.json"
-  if finished "$file"; then stage "perplexity, positions=$1: kept"; return; fi
-  stage "perplexity: $ppl_tokens tokens of $(basename "$text"), positions=$1"
-  lm perplexity --text="$text" --max_tokens=$ppl_tokens --positions="$1" \
-    --json --runs="$(runs "$2" "$ppl_budgets")" >"$file.part"
-  mv "$file.part" "$file"
+  local parts="$raw/perplexity-parts" done_parts=() first=1
+  mkdir -p "$parts"
+  for b in $ppl_budgets; do
+    local file="$parts/$1-${b/\%/pct}.json" r
+    if [ $first = 1 ]; then r="$(runs "$2" "$b")"; else r="$(runs "$2" "$b" "")"; fi
+    first=0
+    if finished "$file"; then
+      stage "perplexity, positions=$1, budget $b: kept"
+    else
+      stage "perplexity: $ppl_tokens tokens of $(basename "$text"), positions=$1, budget $b"
+      lm perplexity --text="$text" --max_tokens=$ppl_tokens --positions="$1" \
+        --json --runs="$r" >"$file.part"
+      mv "$file.part" "$file"
+    fi
+    done_parts+=("$file")
+    python3 -c 'import json, sys
+print(json.dumps([r for f in sys.argv[1:] for r in json.load(open(f))], indent=1))' \
+      "${done_parts[@]}" >"$raw/perplexity-$1.json"
+  done
 }
+[ $resume = 1 ] || rm -rf "$raw/perplexity-parts" "$raw"/perplexity-*.json
 perplexity original "$ppl_policies"
 perplexity cache "$ppl_cache_policies"
 
