@@ -274,6 +274,7 @@ absl::StatusOr<std::unique_ptr<Session>> CacheStore::ForkUnderLock(
                            SessionLabel(parent), entry.Transferring(),
                            "; fork it once the transfer is done"));
                      }
+                     entry.mu.AssertHeld();  // WithEntry holds it
                      if (entry.prefix != nullptr) {
                        *prefix = HoldAgain(*entry.prefix);
                      }

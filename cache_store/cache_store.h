@@ -262,6 +262,7 @@ class CacheStore {
   // (InfiniteDuration when no session has one running; never negative).
   absl::Duration TimeToNextExpiry() const;
   const LeaseOptions& lease_options() const { return options_.lease; }
+  bool allow_public_prefixes() const { return options_.allow_public_prefixes; }
 
   // Named prefixes (docs/prefixes.md). PublishPrefix makes an immutable
   // prefix of the session's current state, sharing its pages copy-on-write
@@ -273,10 +274,12 @@ class CacheStore {
   absl::StatusOr<PrefixInfo> PublishPrefix(SessionId source,
                                            const PrefixSpec& spec);
   // Removes the name; the prefix's pages go back once no session started
-  // from it is open. NOT_FOUND for a name `tenant` cannot see;
-  // PERMISSION_DENIED for a public prefix another tenant published.
-  absl::Status UnpublishPrefix(const std::string& tenant,
-                               const std::string& name, bool is_public);
+  // from it is open. Returns the prefix as it is now (its holders).
+  // NOT_FOUND for a name `tenant` cannot see; PERMISSION_DENIED for a public
+  // prefix another tenant published.
+  absl::StatusOr<PrefixInfo> UnpublishPrefix(const std::string& tenant,
+                                             const std::string& name,
+                                             bool is_public);
   // The prefixes `tenant` sees (its own, unpublished ones still held
   // included, and the published public ones); nullopt: every prefix. By
   // name, the tenant's own before public ones.

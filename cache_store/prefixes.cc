@@ -155,28 +155,30 @@ absl::Status CacheStore::ForkPrefix(Entry& source, Prefix& prefix,
   return absl::OkStatus();
 }
 
-absl::Status CacheStore::UnpublishPrefix(const std::string& tenant,
-                                         const std::string& name,
-                                         bool is_public) {
+absl::StatusOr<PrefixInfo> CacheStore::UnpublishPrefix(
+    const std::string& tenant, const std::string& name, bool is_public) {
   if (absl::Status s = ValidatePrefixName(name); !s.ok()) return s;
-  std::shared_ptr<Prefix> gone;  // freed after the lock, if nothing holds it
-  absl::MutexLock lock(&mu_);
-  auto it = prefixes_.find(PrefixKey(is_public, is_public ? "" : tenant, name));
-  if (it == prefixes_.end()) return PrefixNotFound(name);
-  if (it->second->info.tenant != tenant) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("public prefix ", Quote(name),
-                     " was published by another tenant; only it may "
-                     "unpublish it"));
+  std::shared_ptr<Prefix> gone;  // freed here, if nothing holds it
+  {
+    absl::MutexLock lock(&mu_);
+    auto it =
+        prefixes_.find(PrefixKey(is_public, is_public ? "" : tenant, name));
+    if (it == prefixes_.end()) return PrefixNotFound(name);
+    if (it->second->info.tenant != tenant) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("public prefix ", Quote(name),
+                       " was published by another tenant; only it may "
+                       "unpublish it"));
+    }
+    gone = std::move(it->second);
+    prefixes_.erase(it);
+    gone->published = false;
+    // Forget the prefixes that are gone (this one stays listed until its
+    // last holder is freed).
+    absl::erase_if(prefix_owners_,
+                   [](const auto& owner) { return owner.second.expired(); });
   }
-  gone = std::move(it->second);
-  prefixes_.erase(it);
-  gone->published = false;
-  // Forget the prefixes that are gone (this one stays listed until its
-  // last holder is freed).
-  absl::erase_if(prefix_owners_,
-                 [](const auto& owner) { return owner.second.expired(); });
-  return absl::OkStatus();
+  return InfoOf(*gone);
 }
 
 absl::StatusOr<SessionId> CacheStore::CreateFromPrefix(

@@ -244,7 +244,7 @@ TEST(PrefixTest, ChildrenReadThePrefixBytesExactly) {
   EXPECT_EQ(Pool(*store).used_pages, 2 * (kPrefixTokens / kPageTokens + 2));
   for (SessionId child : children) KV_ASSERT_OK(store->CloseSession(child));
   KV_ASSERT_OK(store->CloseSession(source));
-  KV_ASSERT_OK(store->UnpublishPrefix("", "system/v1", false));
+  KV_ASSERT_OK(store->UnpublishPrefix("", "system/v1", false).status());
   ExpectEmpty(*store);
 }
 
@@ -297,7 +297,7 @@ TEST(PrefixTest, ProtectedPrefixStaysSharedUnderEveryPolicy) {
     }
     EXPECT_EQ(Pool(*store).shared_pages, prefix_pages);
   }
-  KV_ASSERT_OK(store->UnpublishPrefix("", "tools", false));
+  KV_ASSERT_OK(store->UnpublishPrefix("", "tools", false).status());
   for (SessionId id : store->ListSessions())
     KV_ASSERT_OK(store->CloseSession(id));
   ExpectEmpty(*store);
@@ -350,7 +350,7 @@ TEST(PrefixTest, UnpublishedPrefixLivesUntilItsLastChildCloses) {
   // A fork of a child holds the prefix too.
   KV_ASSIGN_OR_FAIL(const SessionId c, store->ForkSession(b, {}));
   const std::vector<Token> want = ByPosition(*store, a, 0);
-  KV_ASSERT_OK(store->UnpublishPrefix("", "p", false));
+  KV_ASSERT_OK(store->UnpublishPrefix("", "p", false).status());
   // The name is free at once; a new session cannot start from it.
   testing::ExpectError(
       store->CreateSession(FromPrefix("p", PolicySpec{"full", {}}, 64)),
@@ -393,7 +393,7 @@ TEST(PrefixTest, ThePublisherIsChargedForAPublicPrefix) {
   testing::ExpectError(store->UnpublishPrefix("bob", "common", true),
                        absl::StatusCode::kPermissionDenied, {});
   EXPECT_EQ(store->Prefixes("bob").size(), 1u);
-  KV_ASSERT_OK(store->UnpublishPrefix("alice", "common", true));
+  KV_ASSERT_OK(store->UnpublishPrefix("alice", "common", true).status());
   EXPECT_TRUE(store->Prefixes("bob").empty());
   EXPECT_EQ(TenantBytes(*store, "alice"), 20 * page);  // bob's child holds it
   KV_ASSERT_OK(store->CloseSession(child));
