@@ -199,7 +199,9 @@ absl::StatusOr<SessionId> CacheStore::ForkSession(SessionId parent,
   // Null and empty: the parent's own.
   PolicyPtr policy;
   std::vector<int64_t> budgets;
-  const PolicySpec policy_spec = spec.policy.value_or((*entry)->policy_spec);
+  PolicySpec policy_spec = spec.policy.value_or((*entry)->policy_spec);
+  // A session started from a prefix passes its protection on.
+  policy_spec.protect_first = (*entry)->policy_spec.protect_first;
   if (spec.policy.has_value() || spec.budget.has_value()) {
     absl::StatusOr<PolicyPtr> made = NewPolicy(policy_spec);
     if (!made.ok()) return made.status();

@@ -335,6 +335,16 @@ TEST(PrefixTest, EvictableChildrenEvictFromThePrefixAndCopy) {
     EXPECT_EQ(ByPosition(*store, kept, l), ByPosition(*store, source, l));
   }
   EXPECT_EQ(store->Prefixes(std::nullopt)[0].pages, 2 * 10);
+  // A fork of the protected child, under another policy, keeps the
+  // protection: it evicts only its own tokens.
+  ForkSpec other;
+  other.policy = PolicySpec{"tova", {}};
+  KV_ASSIGN_OR_FAIL(const SessionId fork, store->ForkSession(kept, other));
+  Decode(*store, fork, "tova", 30, rng);
+  KV_ASSIGN_OR_FAIL(const SessionStats forked, store->GetStats(fork));
+  EXPECT_GT(forked.evicted_tokens, 0);
+  EXPECT_EQ(Before(ByPosition(*store, fork, 0), kPrefixTokens),
+            Before(ByPosition(*store, kept, 0), kPrefixTokens));
 }
 
 TEST(PrefixTest, UnpublishedPrefixLivesUntilItsLastChildCloses) {
