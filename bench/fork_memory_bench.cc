@@ -27,11 +27,16 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/store_bench_support.h"
 #include "benchmark/benchmark.h"
 #include "cache_store/cache_store.h"
 
 namespace kvkeep {
 namespace {
+
+using bench::Check;
+using bench::Rows;
+using bench::Tokens;
 
 constexpr int64_t kPrefix = 4100;
 constexpr int kChildren = 100;
@@ -40,70 +45,7 @@ constexpr int kSteps = 32;
 // 4 layers, 2 KV heads of 32, bf16, 16-token pages: 4 KiB pages, so even
 // the evicting run (which copies most of what its evictions touch) stays
 // near 100 MiB of host memory.
-ModelLayout BenchLayout() {
-  ModelLayout l;
-  l.name = std::string("bench");
-  l.num_layers = 4;
-  l.kv_heads = 2;
-  l.query_heads = 8;
-  l.head_dim = 32;
-  l.dtype = DType::kBF16;
-  l.page_tokens = 16;
-  return l;
-}
-
-// n tokens from `first` on, every layer: random bytes (bf16 bit patterns of
-// small numbers would do as well; the store never looks at them).
-struct Tokens {
-  std::vector<int64_t> positions;
-  std::vector<std::vector<std::byte>> bytes;  // per layer: keys then values
-  std::vector<LayerKv> layers;
-  Tokens(const ModelLayout& l, int64_t first, int64_t n, std::mt19937& rng) {
-    const size_t half = static_cast<size_t>(n * l.page_layout().token_bytes());
-    for (int64_t i = 0; i < n; ++i) positions.push_back(first + i);
-    for (int32_t layer = 0; layer < l.num_layers; ++layer) {
-      bytes.emplace_back(2 * half);
-      for (std::byte& b : bytes.back()) b = std::byte(rng() & 0x3f);
-    }
-    for (const std::vector<std::byte>& b : bytes) {
-      layers.push_back(
-          LayerKv{std::span(b).first(half), std::span(b).subspan(half)});
-    }
-  }
-  AppendRequest request() const { return AppendRequest{positions, layers}; }
-};
-
-// One row of reduced attention per layer over `slots`, at `versions`.
-struct Rows {
-  std::vector<std::vector<float>> rows;
-  std::vector<LayerScores> scores;
-  Rows(const SessionStats& s, int64_t growth, std::mt19937& rng) {
-    std::uniform_real_distribution<float> w(0.01f, 1);
-    for (size_t l = 0; l < s.layer_resident.size(); ++l) {
-      std::vector<float> row(s.layer_resident[l] + growth);
-      float sum = 0;
-      for (float& f : row) sum += (f = w(rng));
-      for (float& f : row) f /= sum;
-      rows.push_back(std::move(row));
-    }
-    for (size_t l = 0; l < rows.size(); ++l) {
-      scores.push_back(LayerScores{static_cast<int32_t>(l), s.layer_version[l],
-                                   ScoreSource::kReduced, 1, rows[l]});
-    }
-  }
-};
-
-void Check(const absl::Status& s) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "%s\n", s.ToString().c_str());
-    std::abort();
-  }
-}
-template <typename T>
-T Check(absl::StatusOr<T> s) {
-  Check(s.status());
-  return *std::move(s);
-}
+ModelLayout BenchLayout() { return bench::Bf16Layout(2, 32); }
 
 // A child's 32 steps: appends for "full"; for "h2o" a score update first
 // (the child starts over its budget) and then appends with scores.

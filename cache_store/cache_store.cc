@@ -117,7 +117,8 @@ absl::StatusOr<std::shared_ptr<PageQuota>> CacheStore::Admit(
 void CacheStore::Register(std::unique_ptr<Session> session,
                           const std::string& tenant, PolicySpec policy,
                           const std::string& idempotency_key,
-                          absl::Duration idle_timeout) {
+                          absl::Duration idle_timeout,
+                          std::shared_ptr<PrefixHold> prefix) {
   const SessionId id = session->id();
   ++tenants_[tenant].sessions;
   const absl::Time now = clock_->Now();
@@ -131,6 +132,7 @@ void CacheStore::Register(std::unique_ptr<Session> session,
   {
     absl::MutexLock entry_lock(&entry->mu);
     entry->session = std::move(session);
+    entry->prefix = std::move(prefix);
   }
   if (options_.observer != nullptr) {
     options_.observer->SessionOpened(entry->info);
@@ -142,6 +144,7 @@ void CacheStore::Register(std::unique_ptr<Session> session,
 }
 
 absl::StatusOr<SessionId> CacheStore::CreateSession(const SessionSpec& spec) {
+  if (!spec.prefix.empty()) return CreateFromPrefix(spec);
   absl::StatusOr<const Pool*> pool = FindPool(spec.layout);
   if (!pool.ok()) return pool.status();
   absl::StatusOr<PolicyPtr> policy = NewPolicy(spec.policy);
@@ -172,7 +175,9 @@ absl::StatusOr<SessionId> CacheStore::CreateSession(const SessionSpec& spec) {
 
 SessionId CacheStore::NewSessionId() {
   SessionId id = 0;
-  while (id == 0 || sessions_.contains(id)) id = absl::Uniform<SessionId>(rng_);
+  while (id == 0 || sessions_.contains(id) || prefix_owners_.contains(id)) {
+    id = absl::Uniform<SessionId>(rng_);
+  }
   return id;
 }
 
@@ -194,7 +199,9 @@ absl::StatusOr<SessionId> CacheStore::ForkSession(SessionId parent,
   // Null and empty: the parent's own.
   PolicyPtr policy;
   std::vector<int64_t> budgets;
-  const PolicySpec policy_spec = spec.policy.value_or((*entry)->policy_spec);
+  PolicySpec policy_spec = spec.policy.value_or((*entry)->policy_spec);
+  // A session started from a prefix passes its protection on.
+  policy_spec.protect_first = (*entry)->policy_spec.protect_first;
   if (spec.policy.has_value() || spec.budget.has_value()) {
     absl::StatusOr<PolicyPtr> made = NewPolicy(policy_spec);
     if (!made.ok()) return made.status();
@@ -211,43 +218,56 @@ absl::StatusOr<SessionId> CacheStore::ForkSession(SessionId parent,
           ? (*entry)->idle_timeout
           : ResolveIdleTimeout(options_.lease, info.tenant, spec.idle_timeout);
   if (!idle_timeout.ok()) return idle_timeout.status();
-  SessionId id = 0;
-  std::shared_ptr<PageQuota> quota;
-  {
-    absl::MutexLock lock(&mu_);
-    if (std::optional<SessionId> made =
-            Idempotent(info.tenant, spec.idempotency_key)) {
-      return *made;
-    }
-    absl::StatusOr<std::shared_ptr<PageQuota>> q = Admit(info.tenant);
-    if (!q.ok()) return q.status();
-    quota = *std::move(q);
-    id = NewSessionId();
-  }
+  absl::StatusOr<Admission> admitted =
+      AdmitNew(info.tenant, spec.idempotency_key);
+  if (!admitted.ok()) return admitted.status();
+  if (admitted->existing) return admitted->id;
   // The parent's lock only (never with the store's, as every call).
+  std::shared_ptr<PrefixHold> prefix;
   absl::StatusOr<std::unique_ptr<Session>> child =
-      ForkUnderLock(parent, id, std::move(policy), std::move(budgets), quota);
+      ForkUnderLock(parent, admitted->id, std::move(policy), std::move(budgets),
+                    admitted->quota, &prefix);
   if (!child.ok()) return child.status();
+  return Enroll(*std::move(child), info.tenant, policy_spec,
+                spec.idempotency_key, *idle_timeout, std::move(prefix));
+}
+
+absl::StatusOr<CacheStore::Admission> CacheStore::AdmitNew(
+    const std::string& tenant, const std::string& idempotency_key) {
+  absl::MutexLock lock(&mu_);
+  if (std::optional<SessionId> made = Idempotent(tenant, idempotency_key)) {
+    return Admission{*made, true, nullptr};
+  }
+  absl::StatusOr<std::shared_ptr<PageQuota>> quota = Admit(tenant);
+  if (!quota.ok()) return quota.status();
+  return Admission{NewSessionId(), false, *std::move(quota)};
+}
+
+absl::StatusOr<SessionId> CacheStore::Enroll(
+    std::unique_ptr<Session> made, const std::string& tenant, PolicySpec policy,
+    const std::string& idempotency_key, absl::Duration idle_timeout,
+    std::shared_ptr<PrefixHold> prefix) {
+  const SessionId id = made->id();
   absl::MutexLock lock(&mu_);
   // Checked again: the limits may have filled, a create taken the id, or a
-  // retry of this fork won, meanwhile. A refused child lets its pages go.
-  if (std::optional<SessionId> made =
-          Idempotent(info.tenant, spec.idempotency_key)) {
-    return *made;
+  // retry of this call won, meanwhile. A refused session lets its pages go.
+  if (std::optional<SessionId> first = Idempotent(tenant, idempotency_key)) {
+    return *first;
   }
   if (sessions_.contains(id)) {
     return absl::AbortedError(
-        absl::StrCat(SessionLabel(id), " was taken meanwhile; fork again"));
+        absl::StrCat(SessionLabel(id), " was taken meanwhile; try again"));
   }
-  if (absl::Status s = Admit(info.tenant).status(); !s.ok()) return s;
-  Register(*std::move(child), info.tenant, policy_spec, spec.idempotency_key,
-           *idle_timeout);
+  if (absl::Status s = Admit(tenant).status(); !s.ok()) return s;
+  Register(std::move(made), tenant, std::move(policy), idempotency_key,
+           idle_timeout, std::move(prefix));
   return id;
 }
 
 absl::StatusOr<std::unique_ptr<Session>> CacheStore::ForkUnderLock(
     SessionId parent, SessionId child, PolicyPtr policy,
-    std::vector<int64_t> budgets, std::shared_ptr<PageQuota> quota) {
+    std::vector<int64_t> budgets, std::shared_ptr<PageQuota> quota,
+    std::shared_ptr<PrefixHold>* prefix) {
   return WithEntry(parent,
                    [&](const Entry& entry,
                        Session& s) -> absl::StatusOr<std::unique_ptr<Session>> {
@@ -255,6 +275,10 @@ absl::StatusOr<std::unique_ptr<Session>> CacheStore::ForkUnderLock(
                        return absl::UnavailableError(absl::StrCat(
                            SessionLabel(parent), entry.Transferring(),
                            "; fork it once the transfer is done"));
+                     }
+                     entry.mu.AssertHeld();  // WithEntry holds it
+                     if (entry.prefix != nullptr) {
+                       *prefix = HoldAgain(*entry.prefix);
                      }
                      return s.Fork(child, std::move(policy), std::move(budgets),
                                    std::move(quota));
@@ -709,6 +733,7 @@ int64_t CacheStore::Free(Entry& entry) {
   if (entry.session == nullptr) return 0;
   const int64_t pages = entry.session->stats().pages;
   entry.session.reset();
+  entry.prefix.reset();  // after the session: the prefix is freed last
   return pages;
 }
 

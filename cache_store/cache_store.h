@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -62,6 +63,9 @@ struct StoreOptions {
   bool share_pools = false;
   // Session leases: the default and per-tenant idle timeouts, the clock.
   LeaseOptions lease;
+  // Whether a tenant may publish a prefix every tenant can start from
+  // (PrefixSpec::is_public); off: FAILED_PRECONDITION.
+  bool allow_public_prefixes = false;
 };
 
 // How another process maps a layout's pool (CacheStore::SharePool).
@@ -258,6 +262,29 @@ class CacheStore {
   // (InfiniteDuration when no session has one running; never negative).
   absl::Duration TimeToNextExpiry() const;
   const LeaseOptions& lease_options() const { return options_.lease; }
+  bool allow_public_prefixes() const { return options_.allow_public_prefixes; }
+
+  // Named prefixes (docs/prefixes.md). PublishPrefix makes an immutable
+  // prefix of the session's current state, sharing its pages copy-on-write
+  // (the session lives on, unchanged); its pages are charged to the
+  // publisher's tenant for as long as the prefix exists. INVALID_ARGUMENT
+  // for a bad name; ALREADY_EXISTS for a name the tenant (or, public, the
+  // store) already uses; FAILED_PRECONDITION for a public prefix when the
+  // store does not allow them; NOT_FOUND and UNAVAILABLE as for a fork.
+  absl::StatusOr<PrefixInfo> PublishPrefix(SessionId source,
+                                           const PrefixSpec& spec);
+  // Removes the name; the prefix's pages go back once no session started
+  // from it is open. Returns the prefix as it is now (its holders).
+  // NOT_FOUND for a name `tenant` cannot see; PERMISSION_DENIED for a public
+  // prefix another tenant published.
+  absl::StatusOr<PrefixInfo> UnpublishPrefix(const std::string& tenant,
+                                             const std::string& name,
+                                             bool is_public);
+  // The prefixes `tenant` sees (its own, unpublished ones still held
+  // included, and the published public ones); nullopt: every prefix. By
+  // name, the tenant's own before public ones.
+  std::vector<PrefixInfo> Prefixes(
+      const std::optional<std::string>& tenant) const;
 
   std::vector<SessionId> ListSessions() const;  // ascending ids
   std::vector<SessionInfo> Sessions() const;    // ascending ids
@@ -265,6 +292,10 @@ class CacheStore {
   std::vector<TenantStats> Tenants() const;  // tenants seen so far
 
  private:
+  // A published prefix: an immutable session no call reaches, and the
+  // count of open sessions started from it (prefixes.cc).
+  struct Prefix;
+  class PrefixHold;
   struct Entry {
     Entry(SessionInfo session_info, PolicySpec policy, std::string idempotency,
           absl::Duration timeout, absl::Time now)
@@ -286,6 +317,9 @@ class CacheStore {
     absl::Time last_call() const { return absl::FromUnixNanos(last_call_ns); }
     absl::Mutex mu;
     std::unique_ptr<Session> session ABSL_GUARDED_BY(mu);
+    // The prefix the session (or the session it was forked from) started
+    // from: kept until the session is freed, so the prefix outlives it.
+    std::shared_ptr<PrefixHold> prefix ABSL_GUARDED_BY(mu);
     // Set and cleared under the store's lock by FreezeForTransfer and
     // FinishTransfer; read by operations under `mu` and by CloseSession and
     // the lease checks under the store's lock.
@@ -333,14 +367,41 @@ class CacheStore {
   std::optional<SessionId> Idempotent(const std::string& tenant,
                                       const std::string& key) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // ForkSession's child, made under the parent's lock.
+  // A new session's id and its tenant's quota, or (existing) the session
+  // the tenant's idempotency key already made; RESOURCE_EXHAUSTED past the
+  // limits (Admit).
+  struct Admission {
+    SessionId id = 0;
+    bool existing = false;
+    std::shared_ptr<PageQuota> quota;
+  };
+  absl::StatusOr<Admission> AdmitNew(const std::string& tenant,
+                                     const std::string& idempotency_key)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Registers a session made outside the store's lock (a fork's child, a
+  // session from a prefix) after checking the limits and the idempotency
+  // key again: its id, or the session a retry made meanwhile.
+  absl::StatusOr<SessionId> Enroll(std::unique_ptr<Session> made,
+                                   const std::string& tenant, PolicySpec policy,
+                                   const std::string& idempotency_key,
+                                   absl::Duration idle_timeout,
+                                   std::shared_ptr<PrefixHold> prefix)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // ForkSession's child, made under the parent's lock; *prefix: a hold on
+  // the prefix the parent started from, if any.
   absl::StatusOr<std::unique_ptr<Session>> ForkUnderLock(
       SessionId parent, SessionId child, PolicyPtr policy,
-      std::vector<int64_t> budgets, std::shared_ptr<PageQuota> quota);
-  // Adds a made session to the map, its tenant and the observer.
+      std::vector<int64_t> budgets, std::shared_ptr<PageQuota> quota,
+      std::shared_ptr<PrefixHold>* prefix);
+  // One more hold on the prefix `other` holds (prefixes.cc).
+  static std::shared_ptr<PrefixHold> HoldAgain(const PrefixHold& other);
+  // Adds a made session to the map, its tenant and the observer; `prefix`:
+  // its hold on the prefix it started from.
   void Register(std::unique_ptr<Session> session, const std::string& tenant,
                 PolicySpec policy, const std::string& idempotency_key,
-                absl::Duration idle_timeout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                absl::Duration idle_timeout,
+                std::shared_ptr<PrefixHold> prefix = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes a session out of the map, its tenant and the observer; the caller
   // frees it (Free) once the lock is released.
   using EntryMap = absl::flat_hash_map<SessionId, std::shared_ptr<Entry>>;
@@ -384,6 +445,18 @@ class CacheStore {
   auto Work(SessionId id, StoreOperation op, Fn fn)
       -> decltype(fn(std::declval<Session&>()));
 
+  // CreateSession from spec.prefix (prefixes.cc).
+  absl::StatusOr<SessionId> CreateFromPrefix(const SessionSpec& spec);
+  // The prefix `name` as `tenant` sees it: its own first, then public.
+  std::shared_ptr<Prefix> FindPrefix(const std::string& tenant,
+                                     const std::string& name) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  static PrefixInfo InfoOf(const Prefix& prefix);
+  // PublishPrefix's fork of `source` into the prefix's session, under the
+  // source's lock.
+  absl::Status ForkPrefix(Entry& source, Prefix& prefix,
+                          std::shared_ptr<PageQuota> quota);
+
   const StoreOptions options_;
   const Clock* const clock_;
   std::vector<Pool> pools_;  // fixed after Create
@@ -400,6 +473,15 @@ class CacheStore {
   absl::flat_hash_map<std::pair<std::string, std::string>, SessionId>
       idempotency_ ABSL_GUARDED_BY(mu_);
   absl::BitGen rng_ ABSL_GUARDED_BY(mu_);  // session ids
+  // Published prefixes by (is public, publishing tenant or "" if public,
+  // name).
+  using PrefixKey = std::tuple<bool, std::string, std::string>;
+  absl::flat_hash_map<PrefixKey, std::shared_ptr<Prefix>> prefixes_
+      ABSL_GUARDED_BY(mu_);
+  // Every prefix still alive, published or not, by its owner id in the
+  // pool (an id no session may take); dead ones are pruned as found.
+  absl::flat_hash_map<SessionId, std::weak_ptr<Prefix>> prefix_owners_
+      ABSL_GUARDED_BY(mu_);
 };
 
 class CacheStore::LeaseHold {

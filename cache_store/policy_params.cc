@@ -1,5 +1,7 @@
 #include "cache_store/policy_params.h"
 
+#include <algorithm>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -115,6 +117,7 @@ CommonParams ParamReader::Common() {
     if (p.name == "recent") c.recent = Int("recent");
     if (p.name == "slack") c.slack = Int("slack");
   }
+  c.sinks = std::max(c.sinks, spec_.protect_first);
   return c;
 }
 

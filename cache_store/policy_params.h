@@ -23,6 +23,11 @@ namespace kvkeep {
 struct PolicySpec {
   std::string name;                           // e.g. "h2o"
   std::map<std::string, std::string> params;  // e.g. {"recent": "64"}
+  // The first tokens of every layer that are never evicted whatever the
+  // policy's own sinks: a session started from a named prefix protects the
+  // prefix's tokens this way (docs/prefixes.md). Raises the policy's sinks
+  // to at least this (every policy honours sinks); 0: no effect.
+  int64_t protect_first = 0;
 };
 
 // How a parameter's text is read.

@@ -142,6 +142,9 @@ class Session {
   const SessionWork& work() const { return work_; }
 
   SessionId id() const { return id_; }
+  // Tokens ever appended to the session (every layer gets the same appends;
+  // the largest layer count).
+  int64_t appended_tokens() const;
   // The pages of `layer` (slot s in pages[s / page_tokens]), and the memory
   // they live in: for moving a frozen or reserved session's bytes device to
   // device. `layer` must be valid.

@@ -58,6 +58,14 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Fork(
   return made;
 }
 
+int64_t Session::appended_tokens() const {
+  int64_t appended = 0;
+  for (const Layer& layer : layers_) {
+    appended = std::max(appended, layer.appended);
+  }
+  return appended;
+}
+
 int64_t Session::CopyBound(const Layer& layer, int64_t evict,
                            int64_t incoming) const {
   if (!may_share_ || (evict <= 0 && incoming <= 0)) return 0;

@@ -52,7 +52,41 @@ struct SessionSpec {
   std::string idempotency_key;  // optional: a retried create returns the same
   // The session's lease (lease.h): ZeroDuration asks for the store's default.
   absl::Duration idle_timeout;
+  // A named prefix to start from (CacheStore::PublishPrefix): the session
+  // begins at the prefix's state, sharing its pages copy-on-write; `layout`
+  // may be empty (the prefix's). Empty: an empty session.
+  std::string prefix;
+  // With a prefix: false (the default) protects the prefix's tokens from
+  // eviction in this session (as sinks), so its pages stay shared; true
+  // lets the policy evict them (a page is copied when it is written).
+  bool prefix_evictable = false;
 };
+
+// What PublishPrefix publishes (docs/prefixes.md).
+struct PrefixSpec {
+  std::string name;        // ValidatePrefixName's rules
+  std::string tenant;      // the publisher, charged for the prefix's pages
+  bool is_public = false;  // every tenant may start from it (if allowed)
+};
+
+// A named prefix as listings show it.
+struct PrefixInfo {
+  std::string name;
+  std::string tenant;  // who published it
+  bool is_public = false;
+  bool published = true;  // false: unpublished, still held by sessions
+  std::string layout;
+  SessionId source = 0;         // the session it was published from
+  int64_t tokens = 0;           // tokens per layer (protected in its sessions)
+  int64_t resident_tokens = 0;  // summed over layers
+  int64_t pages = 0;            // pages it holds
+  int64_t shared_pages = 0;     // of those, pages another session holds too
+  int64_t holders = 0;  // open sessions started from it (and their forks)
+};
+
+// INVALID_ARGUMENT unless `name` is 1 to 128 characters of [A-Za-z0-9._:/-]
+// starting with a letter or digit.
+absl::Status ValidatePrefixName(std::string_view name);
 
 // What a fork's child changes from its parent (CacheStore::ForkSession);
 // anything unset is the parent's.

@@ -22,8 +22,9 @@ namespace {
 
 class SnapKvPolicy final : public EvictionPolicy {
  public:
-  SnapKvPolicy(int64_t window, int32_t kernel, Pooling pooling)
-      : EvictionPolicy(CommonParams{0, window, 0}),
+  // `sinks`: 0 unless a prefix protects its tokens (PolicySpec).
+  SnapKvPolicy(int64_t sinks, int64_t window, int32_t kernel, Pooling pooling)
+      : EvictionPolicy(CommonParams{sinks, window, 0}),
         kernel_(kernel),
         pooling_(pooling) {}
   absl::string_view name() const override { return "snapkv"; }
@@ -36,6 +37,12 @@ class SnapKvPolicy final : public EvictionPolicy {
           absl::StrCat("policy 'snapkv': budget ", budget,
                        " cannot hold the observation window (window ",
                        common().recent, ")"));
+    }
+    if (budget < protected_tokens()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("policy 'snapkv': budget ", budget,
+                       " cannot hold the protected tokens (sinks ",
+                       common().sinks, " + window ", common().recent, ")"));
     }
     return absl::OkStatus();
   }
@@ -88,7 +95,7 @@ PolicyPtr NewSnapKvPolicy(ParamReader& params) {
   }
   const std::string pooling = params.Choice("pooling");
   return std::make_shared<SnapKvPolicy>(
-      window, static_cast<int32_t>(kernel),
+      params.Common().sinks, window, static_cast<int32_t>(kernel),
       pooling == "maxpool" ? Pooling::kMax : Pooling::kAvg);
 }
 

@@ -497,6 +497,21 @@ absl::StatusOr<v1::KeepAliveResponse> Session::KeepAlive() const {
   return client::KeepAlive(*connection_, id_);
 }
 
+absl::StatusOr<v1::PrefixInfo> Session::Publish(const std::string& name,
+                                                bool is_public) const {
+  v1::PublishPrefixRequest request;
+  request.set_session_id(id_);
+  request.set_name(name);
+  request.set_is_public(is_public);
+  v1::PrefixInfo response;
+  absl::Status s = connection_->Call(
+      "PublishPrefix", Retry::kNo, [&](grpc::ClientContext& context, int) {
+        return connection_->stub().PublishPrefix(&context, request, &response);
+      });
+  if (!s.ok()) return s;
+  return response;
+}
+
 absl::StatusOr<Session> Session::Fork(v1::ForkSessionRequest request) const {
   request.set_session_id(id_);
   v1::ForkSessionResponse response;
@@ -596,7 +611,8 @@ absl::StatusOr<Session> KvKeepClient::MakeSession(
 absl::StatusOr<Session> KvKeepClient::CreateSession(
     const v1::CreateSessionRequest& request) const {
   // The layout first: a session created and then unusable for want of its
-  // layout would leak.
+  // layout would leak. (From a prefix without a layout, the server names
+  // it in the response: one of those ServerInfo lists.)
   absl::StatusOr<Connection::LayoutInfo> layout =
       connection_->FindLayout(request.layout());
   if (!layout.ok()) return layout.status();
@@ -609,8 +625,38 @@ absl::StatusOr<Session> KvKeepClient::CreateSession(
       });
   if (!s.ok()) return s;
   return MakeSession(
-      response.session_id(), request.layout(),
+      response.session_id(),
+      response.layout().empty() ? request.layout() : response.layout(),
       {response.layer_budgets().begin(), response.layer_budgets().end()});
+}
+
+absl::StatusOr<int64_t> KvKeepClient::UnpublishPrefix(const std::string& name,
+                                                      bool is_public) const {
+  v1::UnpublishPrefixRequest request;
+  request.set_name(name);
+  request.set_is_public(is_public);
+  v1::UnpublishPrefixResponse response;
+  absl::Status s = connection_->Call(
+      "UnpublishPrefix", Retry::kNo, [&](grpc::ClientContext& context, int) {
+        return connection_->stub().UnpublishPrefix(&context, request,
+                                                   &response);
+      });
+  if (!s.ok()) return s;
+  return response.holders();
+}
+
+absl::StatusOr<std::vector<v1::PrefixInfo>> KvKeepClient::ListPrefixes() const {
+  v1::ListPrefixesResponse response;
+  absl::Status s =
+      connection_->Call("ListPrefixes", Retry::kOnUnavailable,
+                        [&](grpc::ClientContext& context, int) {
+                          response.Clear();
+                          return connection_->stub().ListPrefixes(
+                              &context, v1::ListPrefixesRequest(), &response);
+                        });
+  if (!s.ok()) return s;
+  return std::vector<v1::PrefixInfo>(response.prefixes().begin(),
+                                     response.prefixes().end());
 }
 
 absl::StatusOr<Session> KvKeepClient::OpenSession(

@@ -302,6 +302,12 @@ class Session {
   // on the child, and then applies the child's results (pages_copied
   // included) to it.
   absl::StatusOr<Session> Fork(v1::ForkSessionRequest request = {}) const;
+  // Publishes the session's current state as a named prefix (PublishPrefix
+  // in the proto; docs/prefixes.md): CreateSessionRequest.prefix then
+  // starts sessions from it. The session lives on. Not retried (a retry
+  // would find the name taken).
+  absl::StatusOr<v1::PrefixInfo> Publish(const std::string& name,
+                                         bool is_public = false) const;
   // The server's description (GetServerInfo), e.g. what the session's
   // policy takes (ServerInfo.policy_info).
   absl::StatusOr<v1::ServerInfo> GetServerInfo() const;
@@ -337,6 +343,7 @@ class KvKeepClient {
   // Creates a session and returns its handle (with its layout, from
   // ServerInfo). Retried on UNAVAILABLE only with an idempotency_key. The
   // session's lease: request.idle_timeout_seconds (0: the server's default).
+  // With request.prefix the layout may be empty (the prefix's).
   absl::StatusOr<Session> CreateSession(
       const v1::CreateSessionRequest& request) const;
   // A handle on an existing session (one this tenant may use).
@@ -350,6 +357,13 @@ class KvKeepClient {
   absl::StatusOr<std::vector<v1::SessionStats>> ListSessions() const;
   // See Session::Close.
   absl::StatusOr<int64_t> CloseSession(const std::string& session_id) const;
+  // Named prefixes (docs/prefixes.md; Session::Publish publishes one).
+  // UnpublishPrefix returns the sessions still holding it (its pages go back
+  // when the last closes); not retried. ListPrefixes: the tenant's own and
+  // the public ones.
+  absl::StatusOr<int64_t> UnpublishPrefix(const std::string& name,
+                                          bool is_public = false) const;
+  absl::StatusOr<std::vector<v1::PrefixInfo>> ListPrefixes() const;
   // Moves a session from this server to request.target (TransferSession in
   // the proto). Without a transfer_id the client makes one, so that an
   // attempt lost on the way (UNAVAILABLE) is retried safely: the target

@@ -220,7 +220,23 @@ SessionSpec SpecFromProto(const v1::CreateSessionRequest& in) {
   // Out-of-range values saturate (to an infinite duration, which the store
   // refuses as too long); NaN is the caller's to refuse first.
   spec.idle_timeout = absl::Seconds(in.idle_timeout_seconds());
+  spec.prefix = in.prefix();
+  spec.prefix_evictable = in.prefix_evictable();
   return spec;
+}
+
+void PrefixToProto(const PrefixInfo& in, v1::PrefixInfo* out) {
+  out->set_name(in.name);
+  out->set_tenant(in.tenant);
+  out->set_is_public(in.is_public);
+  out->set_published(in.published);
+  out->set_layout(in.layout);
+  out->set_source_session_id(SessionName(in.source));
+  out->set_tokens(in.tokens);
+  out->set_resident_tokens(in.resident_tokens);
+  out->set_pages(in.pages);
+  out->set_shared_pages(in.shared_pages);
+  out->set_holders(in.holders);
 }
 
 absl::StatusOr<ForkSpec> ForkSpecFromProto(const v1::ForkSessionRequest& in) {

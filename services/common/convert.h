@@ -32,6 +32,7 @@ void LayoutToProto(const ModelLayout& in, v1::Layout* out);
 // A policy of the registry as ServerInfo publishes it.
 void PolicyInfoToProto(const PolicyInfo& in, v1::PolicyInfo* out);
 void StatsToProto(const SessionStats& in, v1::SessionStats* out);
+void PrefixToProto(const PrefixInfo& in, v1::PrefixInfo* out);
 void BlockTableToProto(const BlockTable& in, v1::BlockTable* out);
 // A new session's id, layer budgets and versions into the answer that made
 // it (v1::CreateSessionResponse or v1::ForkSessionResponse).

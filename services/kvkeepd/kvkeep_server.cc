@@ -79,6 +79,7 @@ StoreOptions StoreOptionsFor(const ServerConfig& config, const Device& device,
   StoreOptions options;
   options.device = device;
   options.share_pools = config.share_pools;
+  options.allow_public_prefixes = config.allow_public_prefixes;
   options.observer = observer;
   options.pools = config.pools;
   options.max_sessions = config.max_sessions;

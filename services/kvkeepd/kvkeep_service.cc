@@ -266,6 +266,7 @@ grpc::ServerUnaryReactor* KvKeepService::GetServerInfo(
             .value_or(absl::ZeroDuration())));
     resp->set_max_idle_timeout_seconds(
         absl::ToDoubleSeconds(MaxIdleTimeout(lease, *t)));
+    resp->set_public_prefixes(store_->allow_public_prefixes());
     return absl::OkStatus();
   });
 }
@@ -295,10 +296,11 @@ grpc::ServerUnaryReactor* KvKeepService::CreateSession(
     absl::StatusOr<SessionStats> stats = store_->GetStats(*id);
     if (!stats.ok()) return stats.status();
     NewSessionToProto(*stats, resp);
+    resp->set_layout(stats->layout);
     LogEvent(
         "session_create",
         absl::StrCat("session=", SessionName(*id),
-                     " tenant=", LogValue(*tenant), " layout=", spec.layout,
+                     " tenant=", LogValue(*tenant), " layout=", stats->layout,
                      " policy=", spec.policy.name, " idle_timeout_seconds=",
                      absl::ToDoubleSeconds(stats->idle_timeout)));
     return absl::OkStatus();

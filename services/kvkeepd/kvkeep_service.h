@@ -97,6 +97,16 @@ class KvKeepService final : public v1::KvKeep::CallbackService {
   grpc::ServerUnaryReactor* ListSessions(
       grpc::CallbackServerContext* ctx, const v1::ListSessionsRequest* req,
       v1::ListSessionsResponse* resp) override;
+  // Named prefixes (prefix_service.cc, docs/prefixes.md).
+  grpc::ServerUnaryReactor* PublishPrefix(grpc::CallbackServerContext* ctx,
+                                          const v1::PublishPrefixRequest* req,
+                                          v1::PrefixInfo* resp) override;
+  grpc::ServerUnaryReactor* UnpublishPrefix(
+      grpc::CallbackServerContext* ctx, const v1::UnpublishPrefixRequest* req,
+      v1::UnpublishPrefixResponse* resp) override;
+  grpc::ServerUnaryReactor* ListPrefixes(
+      grpc::CallbackServerContext* ctx, const v1::ListPrefixesRequest* req,
+      v1::ListPrefixesResponse* resp) override;
   grpc::ServerUnaryReactor* KeepAlive(grpc::CallbackServerContext* ctx,
                                       const v1::KeepAliveRequest* req,
                                       v1::KeepAliveResponse* resp) override;

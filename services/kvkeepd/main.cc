@@ -82,6 +82,8 @@ ABSL_FLAG(std::string, device, "",
 ABSL_FLAG(bool, share_pools, false,
           "let workers on this machine map the pools (MapPool); host pools "
           "then live in POSIX shared memory");
+ABSL_FLAG(bool, allow_public_prefixes, false,
+          "let tenants publish prefixes every tenant can start from");
 ABSL_FLAG(std::string, transfer_listen, "",
           "data socket for incoming session transfers' pages, host:port "
           "(default: --listen's host, any free port); off: none");
@@ -147,6 +149,9 @@ absl::StatusOr<ServerConfig> LoadConfig() {
   if (absl::GetFlag(FLAGS_log_events)) config.log_events = true;
   set_string(FLAGS_device, config.device);
   if (absl::GetFlag(FLAGS_share_pools)) config.share_pools = true;
+  if (absl::GetFlag(FLAGS_allow_public_prefixes)) {
+    config.allow_public_prefixes = true;
+  }
   set_string(FLAGS_transfer_listen, config.transfer_listen);
   set_string(FLAGS_peer_token_file, config.peers.token_file);
   set_string(FLAGS_peer_ca, config.peers.ca_file);

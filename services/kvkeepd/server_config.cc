@@ -368,6 +368,7 @@ absl::Status ApplyConfigJson(absl::string_view text, ServerConfig& config) {
                                     "log_events",
                                     "device",
                                     "share_pools",
+                                    "allow_public_prefixes",
                                     "transfer_listen",
                                     "transfer_timeout_seconds",
                                     "peer_keepalive_seconds",
@@ -402,6 +403,8 @@ absl::Status ApplyConfigJson(absl::string_view text, ServerConfig& config) {
                               config.session_idle_timeout_seconds));
   KVKEEP_RETURN_IF_ERROR(Read(j, "device", "config", config.device));
   KVKEEP_RETURN_IF_ERROR(Read(j, "share_pools", "config", config.share_pools));
+  KVKEEP_RETURN_IF_ERROR(
+      Read(j, "allow_public_prefixes", "config", config.allow_public_prefixes));
   KVKEEP_RETURN_IF_ERROR(
       Read(j, "transfer_listen", "config", config.transfer_listen));
   if (auto it = j.find("layouts"); it != j.end()) {

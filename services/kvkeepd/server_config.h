@@ -108,6 +108,9 @@ struct ServerConfig {
   // then live in POSIX shared memory. Off by default: a mapped pool shows
   // every session of its layout, whatever its tenant.
   bool share_pools = false;
+  // Lets a tenant publish a prefix every tenant can start from
+  // (PublishPrefix with is_public, docs/prefixes.md). Off by default.
+  bool allow_public_prefixes = false;
   // The data socket incoming session transfers may send their pages over
   // (the tcp transport, docs/transfer.md): "host:port"; empty: listen's
   // host, any free port, or none on a store with TLS (the socket is

@@ -38,6 +38,85 @@ void AddSample(MetricFamily& family, std::vector<ClientMetric::Label> labels,
   family.metric.push_back(std::move(m));
 }
 
+// Per session: the tracked ones still open (one may close mid-scrape).
+std::vector<MetricFamily> SessionFamilies(CacheStore& store,
+                                          const StoreMetrics& metrics) {
+  constexpr MetricType kGauge = MetricType::Gauge;
+  constexpr MetricType kCounter = MetricType::Counter;
+  MetricFamily tokens = Family("kvkeep_session_resident_tokens",
+                               "Resident tokens, summed over layers", kGauge);
+  MetricFamily bytes = Family("kvkeep_session_resident_bytes",
+                              "Bytes of the pages the session holds", kGauge);
+  MetricFamily pages =
+      Family("kvkeep_session_pages", "Pages the session holds", kGauge);
+  MetricFamily evicted =
+      Family("kvkeep_session_evicted_tokens_total",
+             "Tokens evicted from the session, summed over layers", kCounter);
+  MetricFamily mass =
+      Family("kvkeep_session_evicted_attention_mass_total",
+             "Policy scores of the session's evicted tokens, summed", kCounter);
+  MetricFamily updates =
+      Family("kvkeep_session_score_updates_total",
+             "Layer score updates applied to the session", kCounter);
+  for (SessionId id : metrics.TrackedSessions()) {
+    // A scrape is not a call on the session: it does not renew its lease.
+    absl::StatusOr<SessionStats> s = store.GetStats(id, /*renew_lease=*/false);
+    if (!s.ok()) continue;
+    const std::vector<ClientMetric::Label> labels{{"session", SessionName(id)},
+                                                  {"tenant", s->tenant},
+                                                  {"policy", s->policy}};
+    AddSample(tokens, labels, static_cast<double>(s->resident_tokens));
+    AddSample(bytes, labels, static_cast<double>(s->bytes));
+    AddSample(pages, labels, static_cast<double>(s->pages));
+    AddSample(evicted, labels, static_cast<double>(s->evicted_tokens));
+    AddSample(mass, labels, s->evicted_score);
+    AddSample(updates, labels, static_cast<double>(s->score_updates));
+  }
+
+  return {std::move(tokens),  std::move(bytes), std::move(pages),
+          std::move(evicted), std::move(mass),  std::move(updates)};
+}
+
+// Named prefixes (docs/prefixes.md), per layout: how many the store holds
+// (published, or unpublished and still held), the pages they hold, and how
+// many of those sessions started from them share.
+std::vector<MetricFamily> PrefixFamilies(const CacheStore& store) {
+  constexpr MetricType kGauge = MetricType::Gauge;
+  MetricFamily held =
+      Family("kvkeep_prefixes",
+             "Named prefixes held: published, or unpublished and still held by "
+             "sessions started from them",
+             kGauge);
+  MetricFamily pages =
+      Family("kvkeep_prefix_pages", "Pages the named prefixes hold", kGauge);
+  MetricFamily shared = Family(
+      "kvkeep_prefix_shared_pages",
+      "Pages of named prefixes that sessions (their source, the sessions "
+      "started from them) hold too",
+      kGauge);
+  MetricFamily holders = Family(
+      "kvkeep_prefix_holders",
+      "Open sessions started from a named prefix (and their forks)", kGauge);
+  const std::vector<PrefixInfo> prefixes = store.Prefixes(std::nullopt);
+  for (const LayoutStats& l : store.Layouts()) {
+    int64_t n = 0, p = 0, s = 0, h = 0;
+    for (const PrefixInfo& info : prefixes) {
+      if (info.layout != l.layout.name) continue;
+      ++n;
+      p += info.pages;
+      s += info.shared_pages;
+      h += info.holders;
+    }
+    const std::vector<ClientMetric::Label> labels{{"layout", l.layout.name}};
+    AddSample(held, labels, static_cast<double>(n));
+    AddSample(pages, labels, static_cast<double>(p));
+    AddSample(shared, labels, static_cast<double>(s));
+    AddSample(holders, labels, static_cast<double>(h));
+  }
+  return {std::move(held), std::move(pages), std::move(shared),
+          std::move(holders)};
+}
+
 }  // namespace
 
 const prometheus::Histogram::BucketBoundaries& StoreLatencyBuckets() {
@@ -198,37 +277,7 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
   constexpr MetricType kGauge = MetricType::Gauge;
   constexpr MetricType kCounter = MetricType::Counter;
 
-  // Per session: the tracked ones still open (one may close mid-scrape).
-  MetricFamily tokens = Family("kvkeep_session_resident_tokens",
-                               "Resident tokens, summed over layers", kGauge);
-  MetricFamily bytes = Family("kvkeep_session_resident_bytes",
-                              "Bytes of the pages the session holds", kGauge);
-  MetricFamily pages =
-      Family("kvkeep_session_pages", "Pages the session holds", kGauge);
-  MetricFamily evicted =
-      Family("kvkeep_session_evicted_tokens_total",
-             "Tokens evicted from the session, summed over layers", kCounter);
-  MetricFamily mass =
-      Family("kvkeep_session_evicted_attention_mass_total",
-             "Policy scores of the session's evicted tokens, summed", kCounter);
-  MetricFamily updates =
-      Family("kvkeep_session_score_updates_total",
-             "Layer score updates applied to the session", kCounter);
-  for (SessionId id : metrics_.TrackedSessions()) {
-    // A scrape is not a call on the session: it does not renew its lease.
-    absl::StatusOr<SessionStats> s = store_.GetStats(id, /*renew_lease=*/false);
-    if (!s.ok()) continue;
-    const std::vector<ClientMetric::Label> labels{{"session", SessionName(id)},
-                                                  {"tenant", s->tenant},
-                                                  {"policy", s->policy}};
-    AddSample(tokens, labels, static_cast<double>(s->resident_tokens));
-    AddSample(bytes, labels, static_cast<double>(s->bytes));
-    AddSample(pages, labels, static_cast<double>(s->pages));
-    AddSample(evicted, labels, static_cast<double>(s->evicted_tokens));
-    AddSample(mass, labels, s->evicted_score);
-    AddSample(updates, labels, static_cast<double>(s->score_updates));
-  }
-
+  std::vector<MetricFamily> out = SessionFamilies(store_, metrics_);
   MetricFamily capacity_pages = Family("kvkeep_pool_capacity_pages",
                                        "Pages in the layout's pool", kGauge);
   MetricFamily used_pages =
@@ -304,16 +353,14 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
              kGauge);
   AddSample(untracked, {}, static_cast<double>(metrics_.UntrackedSessions()));
 
-  std::vector<MetricFamily> out;
-  for (MetricFamily* f : {&tokens,           &bytes,         &pages,
-                          &evicted,          &mass,          &updates,
-                          &capacity_pages,   &used_pages,    &capacity_bytes,
-                          &used_bytes,       &pool_sessions, &shared_pages,
-                          &saved_bytes,      &failures,      &tenant_sessions,
-                          &tenant_bytes,     &rejections,    &tenant_expired,
-                          &sessions_expired, &sessions,      &untracked}) {
+  for (MetricFamily* f :
+       {&capacity_pages, &used_pages, &capacity_bytes, &used_bytes,
+        &pool_sessions, &shared_pages, &saved_bytes, &failures,
+        &tenant_sessions, &tenant_bytes, &rejections, &tenant_expired,
+        &sessions_expired, &sessions, &untracked}) {
     out.push_back(std::move(*f));
   }
+  for (MetricFamily& f : PrefixFamilies(store_)) out.push_back(std::move(f));
   return out;
 }
 

@@ -334,6 +334,34 @@ def test_an_idle_session_expires(make_server):
     assert "expired" in e.value.message
 
 
+def test_prefix_publish_start_and_unpublish(client):
+    rng = np.random.default_rng(21)
+    source = client.create_session("t_f32", "full", budget=64)
+    k, v = random_kv(rng, source.layout, 8)
+    source.append(k, v, np.arange(8))  # 2 full pages a layer
+    info = source.publish("py/system")
+    assert (info.tokens, info.pages, info.layout) == (8, 4, "t_f32")
+    with pytest.raises(kvkeep.AlreadyExists):
+        source.publish("py/system")
+    with client.create_session("", "h2o", budget=12, prefix="py/system") as agent:
+        assert agent.layout.name == "t_f32"
+        assert agent.stats().shared_pages == 4
+        assert list(agent.tables.pages(0)) == list(source.tables.pages(0))
+        k1, v1 = random_kv(rng, agent.layout, 1)
+        agent.append(k1, v1, [8])
+        assert_mirror_equals_store(agent)
+        np.testing.assert_array_equal(agent.read_kv()[0].keys[:8], k[0])
+        assert [p.holders for p in client.list_prefixes()] == [1]
+        source.close()
+        assert client.unpublish_prefix("py/system") == 1
+        with pytest.raises(kvkeep.NotFound):
+            client.create_session("", "full", budget=64, prefix="py/system")
+        assert client.list_prefixes()[0].published is False
+    assert client.list_prefixes() == []
+    with pytest.raises(kvkeep.InvalidArgument):
+        client.create_session("", "h2o", budget=4, prefix="a bad name")
+
+
 def test_fork_shares_pages_and_copies_on_write(client):
     rng = np.random.default_rng(18)
     with client.create_session("t_f32", "h2o", budget=32, sinks=1, recent=2) as parent:

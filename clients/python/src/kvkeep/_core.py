@@ -74,7 +74,7 @@ class Options:
 RETRIED = frozenset({
     "GetServerInfo", "GetSessionStats", "ListSessions", "GetBlockTables",
     "ReadKv", "MapPool", "CreateSession", "ForkSession", "CloseSession",
-    "TransferSession", "KeepAlive",
+    "TransferSession", "KeepAlive", "ListPrefixes",
 })
 
 TlsArg = Union[None, bool, str, bytes]

@@ -172,7 +172,8 @@ class Client:
 
     def create_session(self, layout: str, policy: str = "", budget: BudgetArg = None, *,
                        idempotency_key: Optional[str] = None,
-                       idle_timeout_seconds: float = 0, **params: Any) -> "Session":
+                       idle_timeout_seconds: float = 0, prefix: str = "",
+                       prefix_evictable: bool = False, **params: Any) -> "Session":
         """Opens a session: use it as a context manager to close it at the end.
 
         policy: a name from ServerInfo.policies ("" : the server's default).
@@ -187,9 +188,12 @@ class Client:
           call has named it for this long (0: the server's default, see
           ServerInfo.default_idle_timeout_seconds; at most
           ServerInfo.max_idle_timeout_seconds). keep_alive() renews it.
+        prefix: start from this named prefix (Session.publish; docs/prefixes.md),
+          sharing its pages; layout may then be "" (the prefix's). Its tokens
+          are protected from eviction unless prefix_evictable.
         """
         info = self._c.info()
-        lay = self._c.layout(layout)
+        lay = self._c.layout(layout) if layout or not prefix else None
         pinfo = _core.find_policy(info, policy) if policy else None
         checked = _core.check_policy_params(pinfo, params) if pinfo else \
             {k: str(v) for k, v in params.items()}
@@ -197,17 +201,32 @@ class Client:
             layout=layout, policy=policy, policy_params=checked,
             budget=_core.budget_proto(budget),
             idempotency_key=idempotency_key or _core.new_id(),
-            idle_timeout_seconds=idle_timeout_seconds)
+            idle_timeout_seconds=idle_timeout_seconds, prefix=prefix,
+            prefix_evictable=prefix_evictable)
         resp = self._c.call("CreateSession", req)
         if pinfo is None:  # the server's default: learn it from the stats
             stats = self.stats(resp.session_id)
             pinfo = _core.find_policy(info, stats.policy)
+        if prefix:  # starts with the prefix's tokens: its tables, its layout
+            lay = self._c.layout(resp.layout)
+            tables = BlockTableMirror.from_tables(self._c.block_tables(resp.session_id))
+        else:
+            tables = BlockTableMirror(lay.page_tokens, resp.layer_versions)
         handle = SessionHandle(
             id=resp.session_id, layout=lay, policy=pinfo,
             layer_budgets=list(resp.layer_budgets),
-            max_message_bytes=info.max_message_bytes,
-            tables=BlockTableMirror(lay.page_tokens, resp.layer_versions))
+            max_message_bytes=info.max_message_bytes, tables=tables)
         return Session(self._c, handle)
+
+    def unpublish_prefix(self, name: str, is_public: bool = False) -> int:
+        """Removes a named prefix (UnpublishPrefix); returns the sessions still
+        holding it (its pages go back when the last one closes)."""
+        return self._c.call("UnpublishPrefix", pb.UnpublishPrefixRequest(
+            name=name, is_public=is_public)).holders
+
+    def list_prefixes(self) -> List[pb.PrefixInfo]:
+        """The tenant's named prefixes and the public ones (ListPrefixes)."""
+        return list(self._c.call("ListPrefixes", pb.ListPrefixesRequest()).prefixes)
 
     def open_session(self, session_id: str) -> "Session":
         """A handle on an existing session (e.g. one a prefill worker made);
@@ -473,6 +492,13 @@ class Session:
         return MappedPool(resp)
 
     # -- forking it ------------------------------------------------------------
+
+    def publish(self, name: str, is_public: bool = False) -> pb.PrefixInfo:
+        """Publishes this session's current state as a named prefix
+        (PublishPrefix): Client.create_session(prefix=name) then starts
+        sessions from it, sharing its pages. This session lives on."""
+        return self._c.call("PublishPrefix", pb.PublishPrefixRequest(
+            session_id=self.id, name=name, is_public=is_public))
 
     def fork(self, policy: str = "", budget: BudgetArg = None, *,
              idempotency_key: Optional[str] = None, **params: Any) -> "Session":

@@ -75,7 +75,7 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("version", "backend", "layouts", "pools", "policies", "max_sessions", "max_message_bytes", "policy_info", "default_idle_timeout_seconds", "max_idle_timeout_seconds")
+    __slots__ = ("version", "backend", "layouts", "pools", "policies", "max_sessions", "max_message_bytes", "policy_info", "default_idle_timeout_seconds", "max_idle_timeout_seconds", "public_prefixes")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     LAYOUTS_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +86,7 @@ class ServerInfo(_message.Message):
     POLICY_INFO_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_IDLE_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     MAX_IDLE_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PUBLIC_PREFIXES_FIELD_NUMBER: _ClassVar[int]
     version: str
     backend: str
     layouts: _containers.RepeatedCompositeFieldContainer[Layout]
@@ -96,7 +97,8 @@ class ServerInfo(_message.Message):
     policy_info: _containers.RepeatedCompositeFieldContainer[PolicyInfo]
     default_idle_timeout_seconds: float
     max_idle_timeout_seconds: float
-    def __init__(self, version: _Optional[str] = ..., backend: _Optional[str] = ..., layouts: _Optional[_Iterable[_Union[Layout, _Mapping]]] = ..., pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ..., policies: _Optional[_Iterable[str]] = ..., max_sessions: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., policy_info: _Optional[_Iterable[_Union[PolicyInfo, _Mapping]]] = ..., default_idle_timeout_seconds: _Optional[float] = ..., max_idle_timeout_seconds: _Optional[float] = ...) -> None: ...
+    public_prefixes: bool
+    def __init__(self, version: _Optional[str] = ..., backend: _Optional[str] = ..., layouts: _Optional[_Iterable[_Union[Layout, _Mapping]]] = ..., pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ..., policies: _Optional[_Iterable[str]] = ..., max_sessions: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., policy_info: _Optional[_Iterable[_Union[PolicyInfo, _Mapping]]] = ..., default_idle_timeout_seconds: _Optional[float] = ..., max_idle_timeout_seconds: _Optional[float] = ..., public_prefixes: _Optional[bool] = ...) -> None: ...
 
 class PolicyInfo(_message.Message):
     __slots__ = ("name", "summary", "input", "accepts_probabilities", "accepts_queries", "params", "budget_rule")
@@ -169,7 +171,7 @@ class Budget(_message.Message):
     def __init__(self, tokens: _Optional[int] = ..., per_layer: _Optional[_Iterable[int]] = ..., schedule: _Optional[str] = ..., pyramid_beta: _Optional[float] = ...) -> None: ...
 
 class CreateSessionRequest(_message.Message):
-    __slots__ = ("layout", "policy", "policy_params", "budget", "idempotency_key", "idle_timeout_seconds")
+    __slots__ = ("layout", "policy", "policy_params", "budget", "idempotency_key", "idle_timeout_seconds", "prefix", "prefix_evictable")
     class PolicyParamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -183,23 +185,89 @@ class CreateSessionRequest(_message.Message):
     BUDGET_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     IDLE_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_EVICTABLE_FIELD_NUMBER: _ClassVar[int]
     layout: str
     policy: str
     policy_params: _containers.ScalarMap[str, str]
     budget: Budget
     idempotency_key: str
     idle_timeout_seconds: float
-    def __init__(self, layout: _Optional[str] = ..., policy: _Optional[str] = ..., policy_params: _Optional[_Mapping[str, str]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., idle_timeout_seconds: _Optional[float] = ...) -> None: ...
+    prefix: str
+    prefix_evictable: bool
+    def __init__(self, layout: _Optional[str] = ..., policy: _Optional[str] = ..., policy_params: _Optional[_Mapping[str, str]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., idle_timeout_seconds: _Optional[float] = ..., prefix: _Optional[str] = ..., prefix_evictable: _Optional[bool] = ...) -> None: ...
+
+class PublishPrefixRequest(_message.Message):
+    __slots__ = ("session_id", "name", "is_public")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    IS_PUBLIC_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    name: str
+    is_public: bool
+    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ..., is_public: _Optional[bool] = ...) -> None: ...
+
+class UnpublishPrefixRequest(_message.Message):
+    __slots__ = ("name", "is_public")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    IS_PUBLIC_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    is_public: bool
+    def __init__(self, name: _Optional[str] = ..., is_public: _Optional[bool] = ...) -> None: ...
+
+class UnpublishPrefixResponse(_message.Message):
+    __slots__ = ("holders",)
+    HOLDERS_FIELD_NUMBER: _ClassVar[int]
+    holders: int
+    def __init__(self, holders: _Optional[int] = ...) -> None: ...
+
+class ListPrefixesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListPrefixesResponse(_message.Message):
+    __slots__ = ("prefixes",)
+    PREFIXES_FIELD_NUMBER: _ClassVar[int]
+    prefixes: _containers.RepeatedCompositeFieldContainer[PrefixInfo]
+    def __init__(self, prefixes: _Optional[_Iterable[_Union[PrefixInfo, _Mapping]]] = ...) -> None: ...
+
+class PrefixInfo(_message.Message):
+    __slots__ = ("name", "tenant", "is_public", "published", "layout", "source_session_id", "tokens", "resident_tokens", "pages", "shared_pages", "holders")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    IS_PUBLIC_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHED_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PAGES_FIELD_NUMBER: _ClassVar[int]
+    SHARED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    HOLDERS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    tenant: str
+    is_public: bool
+    published: bool
+    layout: str
+    source_session_id: str
+    tokens: int
+    resident_tokens: int
+    pages: int
+    shared_pages: int
+    holders: int
+    def __init__(self, name: _Optional[str] = ..., tenant: _Optional[str] = ..., is_public: _Optional[bool] = ..., published: _Optional[bool] = ..., layout: _Optional[str] = ..., source_session_id: _Optional[str] = ..., tokens: _Optional[int] = ..., resident_tokens: _Optional[int] = ..., pages: _Optional[int] = ..., shared_pages: _Optional[int] = ..., holders: _Optional[int] = ...) -> None: ...
 
 class CreateSessionResponse(_message.Message):
-    __slots__ = ("session_id", "layer_budgets", "layer_versions")
+    __slots__ = ("session_id", "layer_budgets", "layer_versions", "layout")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     LAYER_BUDGETS_FIELD_NUMBER: _ClassVar[int]
     LAYER_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     layer_budgets: _containers.RepeatedScalarFieldContainer[int]
     layer_versions: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, session_id: _Optional[str] = ..., layer_budgets: _Optional[_Iterable[int]] = ..., layer_versions: _Optional[_Iterable[int]] = ...) -> None: ...
+    layout: str
+    def __init__(self, session_id: _Optional[str] = ..., layer_budgets: _Optional[_Iterable[int]] = ..., layer_versions: _Optional[_Iterable[int]] = ..., layout: _Optional[str] = ...) -> None: ...
 
 class ForkSessionRequest(_message.Message):
     __slots__ = ("session_id", "policy", "policy_params", "budget", "idempotency_key", "idle_timeout_seconds")

@@ -69,6 +69,21 @@ class KvKeepStub:
                 request_serializer=kvkeep_dot_v1_dot_kvkeep__pb2.KeepAliveRequest.SerializeToString,
                 response_deserializer=kvkeep_dot_v1_dot_kvkeep__pb2.KeepAliveResponse.FromString,
                 _registered_method=True)
+        self.PublishPrefix = channel.unary_unary(
+                '/kvkeep.v1.KvKeep/PublishPrefix',
+                request_serializer=kvkeep_dot_v1_dot_kvkeep__pb2.PublishPrefixRequest.SerializeToString,
+                response_deserializer=kvkeep_dot_v1_dot_kvkeep__pb2.PrefixInfo.FromString,
+                _registered_method=True)
+        self.UnpublishPrefix = channel.unary_unary(
+                '/kvkeep.v1.KvKeep/UnpublishPrefix',
+                request_serializer=kvkeep_dot_v1_dot_kvkeep__pb2.UnpublishPrefixRequest.SerializeToString,
+                response_deserializer=kvkeep_dot_v1_dot_kvkeep__pb2.UnpublishPrefixResponse.FromString,
+                _registered_method=True)
+        self.ListPrefixes = channel.unary_unary(
+                '/kvkeep.v1.KvKeep/ListPrefixes',
+                request_serializer=kvkeep_dot_v1_dot_kvkeep__pb2.ListPrefixesRequest.SerializeToString,
+                response_deserializer=kvkeep_dot_v1_dot_kvkeep__pb2.ListPrefixesResponse.FromString,
+                _registered_method=True)
         self.AppendPrefill = channel.stream_unary(
                 '/kvkeep.v1.KvKeep/AppendPrefill',
                 request_serializer=kvkeep_dot_v1_dot_kvkeep__pb2.AppendRequest.SerializeToString,
@@ -183,6 +198,40 @@ class KvKeepServicer:
     def KeepAlive(self, request, context):
         """Renews a session's lease and says how long it now has: for a client
         that holds a session between turns without calling it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PublishPrefix(self, request, context):
+        """Named prefixes (docs/prefixes.md). Publishes a session's current state
+        as an immutable prefix named for the caller's tenant (or, public, for
+        every tenant, when the server allows: ServerInfo.public_prefixes), so
+        that CreateSessionRequest.prefix can start sessions from it, sharing
+        its pages copy-on-write. The session lives on, unchanged (it shares its
+        pages with the prefix). The publisher's tenant is charged for the
+        prefix's pages for as long as the prefix exists. Errors: NOT_FOUND (the
+        session), INVALID_ARGUMENT (the name's rules), ALREADY_EXISTS (a name
+        the tenant, or for a public prefix the server, already uses),
+        FAILED_PRECONDITION (public prefixes not allowed), UNAVAILABLE (the
+        session is being transferred).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnpublishPrefix(self, request, context):
+        """Removes a prefix's name. Its pages go back once no session started from
+        it (or forked from one that did) is open. NOT_FOUND for a name the
+        caller does not see; PERMISSION_DENIED for another tenant's public one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPrefixes(self, request, context):
+        """The caller's tenant's prefixes (unpublished ones still held included)
+        and the published public ones, with their holders and pages.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -338,6 +387,21 @@ def add_KvKeepServicer_to_server(servicer, server):
                     servicer.KeepAlive,
                     request_deserializer=kvkeep_dot_v1_dot_kvkeep__pb2.KeepAliveRequest.FromString,
                     response_serializer=kvkeep_dot_v1_dot_kvkeep__pb2.KeepAliveResponse.SerializeToString,
+            ),
+            'PublishPrefix': grpc.unary_unary_rpc_method_handler(
+                    servicer.PublishPrefix,
+                    request_deserializer=kvkeep_dot_v1_dot_kvkeep__pb2.PublishPrefixRequest.FromString,
+                    response_serializer=kvkeep_dot_v1_dot_kvkeep__pb2.PrefixInfo.SerializeToString,
+            ),
+            'UnpublishPrefix': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnpublishPrefix,
+                    request_deserializer=kvkeep_dot_v1_dot_kvkeep__pb2.UnpublishPrefixRequest.FromString,
+                    response_serializer=kvkeep_dot_v1_dot_kvkeep__pb2.UnpublishPrefixResponse.SerializeToString,
+            ),
+            'ListPrefixes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPrefixes,
+                    request_deserializer=kvkeep_dot_v1_dot_kvkeep__pb2.ListPrefixesRequest.FromString,
+                    response_serializer=kvkeep_dot_v1_dot_kvkeep__pb2.ListPrefixesResponse.SerializeToString,
             ),
             'AppendPrefill': grpc.stream_unary_rpc_method_handler(
                     servicer.AppendPrefill,
@@ -574,6 +638,87 @@ class KvKeep:
             '/kvkeep.v1.KvKeep/KeepAlive',
             kvkeep_dot_v1_dot_kvkeep__pb2.KeepAliveRequest.SerializeToString,
             kvkeep_dot_v1_dot_kvkeep__pb2.KeepAliveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PublishPrefix(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvkeep.v1.KvKeep/PublishPrefix',
+            kvkeep_dot_v1_dot_kvkeep__pb2.PublishPrefixRequest.SerializeToString,
+            kvkeep_dot_v1_dot_kvkeep__pb2.PrefixInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnpublishPrefix(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvkeep.v1.KvKeep/UnpublishPrefix',
+            kvkeep_dot_v1_dot_kvkeep__pb2.UnpublishPrefixRequest.SerializeToString,
+            kvkeep_dot_v1_dot_kvkeep__pb2.UnpublishPrefixResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPrefixes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvkeep.v1.KvKeep/ListPrefixes',
+            kvkeep_dot_v1_dot_kvkeep__pb2.ListPrefixesRequest.SerializeToString,
+            kvkeep_dot_v1_dot_kvkeep__pb2.ListPrefixesResponse.FromString,
             options,
             channel_credentials,
             insecure,
