@@ -21,6 +21,7 @@
 #include "services/common/constant_time.h"
 #include "services/common/convert.h"
 #include "services/common/dtype_proto.h"
+#include "services/common/fleet_names.h"
 #include "services/common/grpc_status.h"
 #include "services/kvkeepd/block_table_pages.h"
 #include "services/transfer/session_receiver.h"
@@ -64,6 +65,7 @@ TransferOptions TransferOptionsOf(const ServiceOptions& options,
   t.peer_token = options.peer_token;
   t.peer_credentials = options.peer_credentials;
   t.plaintext_data = options.plaintext_data;
+  t.replica = options.replica_name;
   return t;
 }
 
@@ -72,6 +74,7 @@ TransferOptions TransferOptionsOf(const ServiceOptions& options,
 KvKeepService::KvKeepService(CacheStore* store, ServiceOptions options)
     : store_(store),
       options_(std::move(options)),
+      moved_(options_.remembered_moves),
       transfers_(store, TransferOptionsOf(options_, this)) {
   // ReceiveSession reads each chunk in place (session_receiver.h).
   MarkMethodRawCallback(
@@ -168,14 +171,25 @@ absl::StatusOr<SessionId> KvKeepService::CallerSession(
 
 absl::StatusOr<SessionId> KvKeepService::Authorize(
     const std::string& tenant, const std::string& session_id) const {
-  const std::optional<SessionId> id = ParseSessionName(session_id);
-  if (!id.has_value()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("session_id ", Quote(session_id),
-                     " is not a kvkeep session id (16 lowercase hex digits)"));
-  }
+  absl::StatusOr<FleetSessionRef> ref = ParseFleetSessionId(session_id);
+  if (!ref.ok()) return ref.status();
+  const std::optional<SessionId> id = ref->key;
+  // The key alone finds the session: it is unique among the sessions held
+  // here, whichever replica's name the id carries (a session that moved
+  // here keeps answering to its old id).
   absl::StatusOr<std::string> owner = store_->TenantOf(*id);
   if (!owner.ok()) {
+    // Only its own tenant hears where a session went.
+    if (std::optional<MovedSessions::Move> move = moved_.Find(*id);
+        move.has_value() && move->tenant == tenant) {
+      return MovedSessions::NotFound(session_id, *move);
+    }
+    if (!ref->replica.empty() && ref->replica != options_.replica_name) {
+      return absl::NotFoundError(absl::StrCat(
+          "session ", session_id, " not found on replica ",
+          options_.replica_name.empty() ? "(unnamed)" : options_.replica_name,
+          ": its id names replica ", ref->replica));
+    }
     // Only its own tenant hears that a session expired.
     if (std::optional<std::string> expired = store_->ExpiredTenant(*id);
         expired.has_value() && *expired != tenant) {
@@ -226,11 +240,24 @@ grpc::Status KvKeepService::Finish(absl::string_view method,
   return ToGrpcStatus(status);
 }
 
+grpc::Status KvKeepService::Finish(grpc::CallbackServerContext* ctx,
+                                   absl::string_view method,
+                                   const absl::Status& status) {
+  for (const auto& [key, value] : MovedSessions::MovedMetadata(status)) {
+    ctx->AddTrailingMetadata(key, value);
+  }
+  return Finish(method, status);
+}
+
+std::string KvKeepService::SessionIdOf(SessionId key) const {
+  return FleetSessionId(options_.replica_name, key);
+}
+
 grpc::ServerUnaryReactor* KvKeepService::Unary(
     grpc::CallbackServerContext* ctx, absl::string_view method,
     const std::function<absl::Status()>& fn) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(Finish(method, fn()));
+  reactor->Finish(Finish(ctx, method, fn()));
   return reactor;
 }
 
@@ -253,6 +280,14 @@ grpc::ServerUnaryReactor* KvKeepService::GetServerInfo(
       pool->set_allocation_failures(s.pool.allocation_failures);
       pool->set_shared_pages(s.pool.shared_pages);
       pool->set_page_references(s.pool.page_references);
+      pool->set_free_pages(s.pool.capacity_pages - s.pool.used_pages);
+    }
+    resp->set_replica(options_.replica_name);
+    if (!options_.advertise_address.empty()) {
+      resp->set_address(options_.advertise_address);
+    } else {
+      absl::MutexLock lock(&address_mu_);
+      resp->set_address(address_);
     }
     for (const PolicyInfo& policy : Policies()) {
       resp->add_policies(std::string(policy.name));
@@ -295,6 +330,7 @@ grpc::ServerUnaryReactor* KvKeepService::CreateSession(
     absl::StatusOr<SessionStats> stats = store_->GetStats(*id);
     if (!stats.ok()) return stats.status();
     NewSessionToProto(*stats, resp);
+    resp->set_session_id(SessionIdOf(*id));
     LogEvent(
         "session_create",
         absl::StrCat("session=", SessionName(*id),
@@ -336,6 +372,7 @@ grpc::ServerUnaryReactor* KvKeepService::ForkSession(
     absl::StatusOr<SessionStats> stats = store_->GetStats(*id);
     if (!stats.ok()) return stats.status();
     NewSessionToProto(*stats, resp);
+    resp->set_session_id(SessionIdOf(*id));
     resp->set_shared_pages(stats->shared_pages);
     LogEvent(
         "session_fork",
@@ -357,6 +394,7 @@ grpc::ServerUnaryReactor* KvKeepService::GetSessionStats(
     absl::StatusOr<SessionStats> stats = store_->GetStats(*id);
     if (!stats.ok()) return stats.status();
     StatsToProto(*stats, resp);
+    resp->set_session_id(SessionIdOf(*id));
     return absl::OkStatus();
   });
 }
@@ -389,7 +427,9 @@ grpc::ServerUnaryReactor* KvKeepService::ListSessions(
       absl::StatusOr<SessionStats> stats =
           store_->GetStats(info.id, /*renew_lease=*/false);
       if (!stats.ok()) continue;  // closed since the listing
-      StatsToProto(*stats, resp->add_sessions());
+      v1::SessionStats* out = resp->add_sessions();
+      StatsToProto(*stats, out);
+      out->set_session_id(SessionIdOf(info.id));
     }
     return absl::OkStatus();
   });
@@ -556,7 +596,7 @@ class PrefillReactor final : public grpc::ServerReadReactor<v1::AppendRequest> {
  public:
   PrefillReactor(KvKeepService* service, grpc::CallbackServerContext* ctx,
                  v1::AppendPrefillResponse* resp)
-      : service_(service), resp_(resp) {
+      : service_(service), ctx_(ctx), resp_(resp) {
     absl::StatusOr<std::string> tenant = service_->Authenticate(*ctx);
     if (!tenant.ok()) {
       Finish(service_->Finish("AppendPrefill", tenant.status()));
@@ -572,12 +612,16 @@ class PrefillReactor final : public grpc::ServerReadReactor<v1::AppendRequest> {
       return;
     }
     if (absl::Status s = AppendChunk(); !s.ok()) {
-      Finish(service_->Finish(
-          "AppendPrefill",
-          absl::Status(s.code(),
-                       absl::StrCat("chunk ", resp_->chunks_size(), ": ",
-                                    s.message(), " (", resp_->chunks_size(),
-                                    " earlier chunks were appended)"))));
+      absl::Status status(
+          s.code(),
+          absl::StrCat("chunk ", resp_->chunks_size(), ": ", s.message(), " (",
+                       resp_->chunks_size(), " earlier chunks were appended)"));
+      // A moved session's new place (MovedSessions) travels on.
+      s.ForEachPayload(
+          [&status](absl::string_view url, const absl::Cord& payload) {
+            status.SetPayload(url, payload);
+          });
+      Finish(service_->Finish(ctx_, "AppendPrefill", status));
       return;
     }
     StartRead(&chunk_);
@@ -597,6 +641,7 @@ class PrefillReactor final : public grpc::ServerReadReactor<v1::AppendRequest> {
   }
 
   KvKeepService* const service_;
+  grpc::CallbackServerContext* const ctx_;
   v1::AppendPrefillResponse* const resp_;
   std::optional<StreamBinding> binding_;  // set once authenticated
   v1::AppendRequest chunk_;
@@ -609,7 +654,7 @@ class DecodeReactor final
     : public grpc::ServerBidiReactor<v1::DecodeStep, v1::DecodeStepResult> {
  public:
   DecodeReactor(KvKeepService* service, grpc::CallbackServerContext* ctx)
-      : service_(service) {
+      : service_(service), ctx_(ctx) {
     absl::StatusOr<std::string> tenant = service_->Authenticate(*ctx);
     if (!tenant.ok()) {
       Finish(service_->Finish("Decode", tenant.status()));
@@ -625,7 +670,7 @@ class DecodeReactor final
       return;
     }
     if (absl::Status s = RunStep(); !s.ok()) {
-      Finish(service_->Finish("Decode", s));
+      Finish(service_->Finish(ctx_, "Decode", s));
       return;
     }
     StartWrite(&result_);
@@ -672,6 +717,7 @@ class DecodeReactor final
   }
 
   KvKeepService* const service_;
+  grpc::CallbackServerContext* const ctx_;
   std::optional<StreamBinding> binding_;  // set once authenticated
   // The stream's messages and the store's views and results of them, kept
   // for its life: a steady-state step reuses their buffers.
@@ -690,7 +736,7 @@ class ReadKvReactor final : public grpc::ServerWriteReactor<v1::KvChunk> {
                 const v1::ReadKvRequest* req)
       : service_(service) {
     if (absl::Status s = Start(*ctx, *req); !s.ok()) {
-      Finish(service_->Finish("ReadKv", s));
+      Finish(service_->Finish(ctx, "ReadKv", s));
       return;
     }
     Next();
