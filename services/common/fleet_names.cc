@@ -1,7 +1,10 @@
 #include "services/common/fleet_names.h"
 
+#include <algorithm>
 #include <optional>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cache_store/quote.h"
@@ -16,20 +19,16 @@ bool IsLabelChar(char c) {
   return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-';
 }
 
-// The key a 16-digit lowercase hex string spells, if it is one.
+// The key a 16-digit lowercase hex string spells, if it is one (uppercase
+// digits are refused: an id has one spelling).
 std::optional<uint64_t> ParseKey(absl::string_view hex) {
-  if (hex.size() != kKeyDigits) return std::nullopt;
+  const bool lower_hex = std::all_of(hex.begin(), hex.end(), [](char c) {
+    return absl::ascii_isdigit(c) || (c >= 'a' && c <= 'f');
+  });
   uint64_t key = 0;
-  for (char c : hex) {
-    int digit;
-    if (c >= '0' && c <= '9') {
-      digit = c - '0';
-    } else if (c >= 'a' && c <= 'f') {
-      digit = c - 'a' + 10;
-    } else {
-      return std::nullopt;
-    }
-    key = key << 4 | static_cast<uint64_t>(digit);
+  if (hex.size() != kKeyDigits || !lower_hex ||
+      !absl::SimpleHexAtoi(hex, &key)) {
+    return std::nullopt;
   }
   return key;
 }

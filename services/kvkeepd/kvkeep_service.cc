@@ -18,7 +18,6 @@
 #include "absl/time/time.h"
 #include "cache_store/policy_registry.h"
 #include "cache_store/quote.h"
-#include "services/common/constant_time.h"
 #include "services/common/convert.h"
 #include "services/common/dtype_proto.h"
 #include "services/common/fleet_names.h"
@@ -32,8 +31,6 @@
 
 namespace kvkeep {
 namespace {
-
-constexpr absl::string_view kBearer = "Bearer ";
 
 // A value in a logfmt line: double-quoted, C-escaped (a client cannot end
 // the line or forge a field), at most 512 bytes of it.
@@ -88,121 +85,6 @@ KvKeepService::KvKeepService(CacheStore* store, ServiceOptions options)
         }
         return transfers_.Receive(ctx, Authenticate(*ctx));
       }));
-}
-
-absl::Status KvKeepService::AuthenticatePeer(
-    const grpc::CallbackServerContext& ctx) const {
-  if (options_.peer_token.empty() && options_.accepted_peer_tokens.empty() &&
-      options_.peer_identities.empty()) {
-    return absl::PermissionDeniedError(
-        "this store takes no session transfers: no peers are configured "
-        "(peers.token or peers.identities, docs/security.md)");
-  }
-  if (!options_.peer_identities.empty()) {
-    const std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
-    if (auth != nullptr && auth->IsPeerAuthenticated()) {
-      for (const char* property :
-           {"x509_subject_alternative_name", "x509_common_name"}) {
-        for (const grpc::string_ref& name :
-             auth->FindPropertyValues(property)) {
-          const absl::string_view n(name.data(), name.size());
-          if (std::find(options_.peer_identities.begin(),
-                        options_.peer_identities.end(),
-                        n) != options_.peer_identities.end()) {
-            return absl::OkStatus();
-          }
-        }
-      }
-    }
-  }
-  if (options_.peer_token.empty() && options_.accepted_peer_tokens.empty()) {
-    return absl::UnauthenticatedError(
-        "ReceiveSession is for other kvkeep stores: this store takes only "
-        "peers whose client certificate names one of peers.identities");
-  }
-  const auto& metadata = ctx.client_metadata();
-  auto it = metadata.find(kPeerTokenMetadata);
-  if (it == metadata.end()) {
-    return absl::UnauthenticatedError(
-        "ReceiveSession is for other kvkeep stores: send the store's peer "
-        "token as metadata 'kvkeep-peer-token' (peers.token)");
-  }
-  const absl::string_view sent(it->second.data(), it->second.size());
-  // Every token is compared, so the time taken does not say which matched.
-  bool match = !options_.peer_token.empty() &&
-               ConstantTimeEquals(sent, options_.peer_token);
-  for (const std::string& token : options_.accepted_peer_tokens) {
-    match |= ConstantTimeEquals(sent, token);
-  }
-  if (!match) return absl::UnauthenticatedError("wrong peer token");
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::string> KvKeepService::Authenticate(
-    const grpc::CallbackServerContext& ctx) const {
-  if (options_.tenants_by_token.empty()) return std::string();
-  const auto& metadata = ctx.client_metadata();
-  auto it = metadata.find("authorization");
-  if (it == metadata.end()) {
-    return absl::UnauthenticatedError(
-        "this server requires a token: send metadata 'authorization: Bearer "
-        "<token>'");
-  }
-  const absl::string_view value(it->second.data(), it->second.size());
-  if (!absl::StartsWith(value, kBearer)) {
-    return absl::UnauthenticatedError(
-        "the authorization metadata must read 'Bearer <token>'");
-  }
-  auto tenant =
-      options_.tenants_by_token.find(std::string(value.substr(kBearer.size())));
-  if (tenant == options_.tenants_by_token.end()) {
-    return absl::UnauthenticatedError("unknown token");
-  }
-  return tenant->second;
-}
-
-absl::StatusOr<SessionId> KvKeepService::CallerSession(
-    const grpc::CallbackServerContext& ctx,
-    const std::string& session_id) const {
-  absl::StatusOr<std::string> tenant = Authenticate(ctx);
-  if (!tenant.ok()) return tenant.status();
-  return Authorize(*tenant, session_id);
-}
-
-absl::StatusOr<SessionId> KvKeepService::Authorize(
-    const std::string& tenant, const std::string& session_id) const {
-  absl::StatusOr<FleetSessionRef> ref = ParseFleetSessionId(session_id);
-  if (!ref.ok()) return ref.status();
-  const std::optional<SessionId> id = ref->key;
-  // The key alone finds the session: it is unique among the sessions held
-  // here, whichever replica's name the id carries (a session that moved
-  // here keeps answering to its old id).
-  absl::StatusOr<std::string> owner = store_->TenantOf(*id);
-  if (!owner.ok()) {
-    // Only its own tenant hears where a session went.
-    if (std::optional<MovedSessions::Move> move = moved_.Find(*id);
-        move.has_value() && move->tenant == tenant) {
-      return MovedSessions::NotFound(session_id, *move);
-    }
-    if (!ref->replica.empty() && ref->replica != options_.replica_name) {
-      return absl::NotFoundError(absl::StrCat(
-          "session ", session_id, " not found on replica ",
-          options_.replica_name.empty() ? "(unnamed)" : options_.replica_name,
-          ": its id names replica ", ref->replica));
-    }
-    // Only its own tenant hears that a session expired.
-    if (std::optional<std::string> expired = store_->ExpiredTenant(*id);
-        expired.has_value() && *expired != tenant) {
-      return absl::NotFoundError(absl::StrCat(SessionLabel(*id), " not found"));
-    }
-    return owner.status();
-  }
-  if (*owner != tenant) {
-    // The answer a session that does not exist gets, word for word: the
-    // code must not tell a tenant which of others' ids exist.
-    return absl::NotFoundError(absl::StrCat(SessionLabel(*id), " not found"));
-  }
-  return *id;
 }
 
 void KvKeepService::LogExpired(const ExpiredSession& session) const {

@@ -365,6 +365,43 @@ absl::StatusOr<PeerTokens> ReadPeerTokens(const ServerConfig& config) {
   return tokens;
 }
 
+namespace {
+
+// The config's top-level strings, numbers and booleans (ApplyConfigJson).
+absl::Status ReadScalars(const Json& j, ServerConfig& config) {
+  KVKEEP_RETURN_IF_ERROR(
+      Read(j, "tenants_file", "config", config.tenants_file));
+  KVKEEP_RETURN_IF_ERROR(
+      Read(j, "metrics_auth_file", "config", config.metrics_auth_file));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "listen", "config", config.listen));
+  KVKEEP_RETURN_IF_ERROR(
+      Read(j, "metrics_listen", "config", config.metrics_listen));
+  KVKEEP_RETURN_IF_ERROR(
+      Read(j, "drain_seconds", "config", config.drain_seconds));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "transfer_timeout_seconds", "config",
+                              config.transfer_timeout_seconds));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "peer_keepalive_seconds", "config",
+                              config.peer_keepalive_seconds));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "transfer_resolve_attempts", "config",
+                              config.transfer_resolve_attempts));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "transfer_resolve_seconds", "config",
+                              config.transfer_resolve_seconds));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "log_events", "config", config.log_events));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "session_idle_timeout_seconds", "config",
+                              config.session_idle_timeout_seconds));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "device", "config", config.device));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "share_pools", "config", config.share_pools));
+  KVKEEP_RETURN_IF_ERROR(
+      Read(j, "transfer_listen", "config", config.transfer_listen));
+  KVKEEP_RETURN_IF_ERROR(
+      Read(j, "replica_name", "config", config.replica_name));
+  KVKEEP_RETURN_IF_ERROR(
+      Read(j, "advertise_address", "config", config.advertise_address));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ApplyConfigJson(absl::string_view text, ServerConfig& config) {
   absl::StatusOr<Json> parsed = ParseJson(text, "config");
   if (!parsed.ok()) return parsed.status();
@@ -399,34 +436,7 @@ absl::Status ApplyConfigJson(absl::string_view text, ServerConfig& config) {
     return absl::InvalidArgumentError(
         "config: metrics_session_series must be >= 0");
   }
-  KVKEEP_RETURN_IF_ERROR(
-      Read(j, "tenants_file", "config", config.tenants_file));
-  KVKEEP_RETURN_IF_ERROR(
-      Read(j, "metrics_auth_file", "config", config.metrics_auth_file));
-  KVKEEP_RETURN_IF_ERROR(Read(j, "listen", "config", config.listen));
-  KVKEEP_RETURN_IF_ERROR(
-      Read(j, "metrics_listen", "config", config.metrics_listen));
-  KVKEEP_RETURN_IF_ERROR(
-      Read(j, "drain_seconds", "config", config.drain_seconds));
-  KVKEEP_RETURN_IF_ERROR(Read(j, "transfer_timeout_seconds", "config",
-                              config.transfer_timeout_seconds));
-  KVKEEP_RETURN_IF_ERROR(Read(j, "peer_keepalive_seconds", "config",
-                              config.peer_keepalive_seconds));
-  KVKEEP_RETURN_IF_ERROR(Read(j, "transfer_resolve_attempts", "config",
-                              config.transfer_resolve_attempts));
-  KVKEEP_RETURN_IF_ERROR(Read(j, "transfer_resolve_seconds", "config",
-                              config.transfer_resolve_seconds));
-  KVKEEP_RETURN_IF_ERROR(Read(j, "log_events", "config", config.log_events));
-  KVKEEP_RETURN_IF_ERROR(Read(j, "session_idle_timeout_seconds", "config",
-                              config.session_idle_timeout_seconds));
-  KVKEEP_RETURN_IF_ERROR(Read(j, "device", "config", config.device));
-  KVKEEP_RETURN_IF_ERROR(Read(j, "share_pools", "config", config.share_pools));
-  KVKEEP_RETURN_IF_ERROR(
-      Read(j, "transfer_listen", "config", config.transfer_listen));
-  KVKEEP_RETURN_IF_ERROR(
-      Read(j, "replica_name", "config", config.replica_name));
-  KVKEEP_RETURN_IF_ERROR(
-      Read(j, "advertise_address", "config", config.advertise_address));
+  KVKEEP_RETURN_IF_ERROR(ReadScalars(j, config));
   if (auto it = j.find("layouts"); it != j.end()) {
     if (!it->is_array() || it->empty()) {
       return absl::InvalidArgumentError(
