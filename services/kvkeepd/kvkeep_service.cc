@@ -51,7 +51,8 @@ TransferOptions TransferOptionsOf(const ServiceOptions& options,
                             bool committed) {
     service->LogEvent(
         "transfer_resolved",
-        absl::StrCat("session=", SessionName(id), " transfer=", transfer_id,
+        absl::StrCat("session=", service->SessionIdOf(id),
+                     " transfer=", transfer_id,
                      committed ? " committed=true" : " committed=false"));
   };
   t.max_message_bytes = options.max_message_bytes;
@@ -91,7 +92,7 @@ void KvKeepService::LogExpired(const ExpiredSession& session) const {
   // Always written: an expiry is what an operator looks for when a client
   // forgot its sessions (one line per session, not per call).
   WriteEvent("session_expired",
-             absl::StrCat("session=", SessionName(session.info.id),
+             absl::StrCat("session=", SessionIdOf(session.info.id),
                           " tenant=", LogValue(session.info.tenant),
                           " idle_timeout_seconds=",
                           absl::ToDoubleSeconds(session.idle_timeout),
@@ -215,7 +216,7 @@ grpc::ServerUnaryReactor* KvKeepService::CreateSession(
     resp->set_session_id(SessionIdOf(*id));
     LogEvent(
         "session_create",
-        absl::StrCat("session=", SessionName(*id),
+        absl::StrCat("session=", SessionIdOf(*id),
                      " tenant=", LogValue(*tenant), " layout=", spec.layout,
                      " policy=", spec.policy.name, " idle_timeout_seconds=",
                      absl::ToDoubleSeconds(stats->idle_timeout)));
@@ -259,7 +260,7 @@ grpc::ServerUnaryReactor* KvKeepService::ForkSession(
     LogEvent(
         "session_fork",
         absl::StrCat(
-            "session=", SessionName(*id), " parent=", req->session_id(),
+            "session=", SessionIdOf(*id), " parent=", req->session_id(),
             " tenant=", LogValue(stats->tenant), " policy=", stats->policy,
             " shared_pages=", stats->shared_pages, " idle_timeout_seconds=",
             absl::ToDoubleSeconds(stats->idle_timeout)));

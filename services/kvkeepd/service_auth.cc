@@ -19,6 +19,17 @@ namespace {
 
 constexpr absl::string_view kBearer = "Bearer ";
 
+// `status` (the store's, naming the session by its key: "session <key>
+// ...") naming it by the id the caller sent, as the caller knows it.
+absl::Status AsCalled(const absl::Status& status, SessionId key,
+                      const std::string& id) {
+  const std::string label = SessionLabel(key);
+  if (!absl::StartsWith(status.message(), label)) return status;
+  return absl::Status(
+      status.code(),
+      absl::StrCat("session ", id, status.message().substr(label.size())));
+}
+
 }  // namespace
 
 absl::Status KvKeepService::AuthenticatePeer(
@@ -124,14 +135,16 @@ absl::StatusOr<SessionId> KvKeepService::Authorize(
     // Only its own tenant hears that a session expired.
     if (std::optional<std::string> expired = store_->ExpiredTenant(*id);
         expired.has_value() && *expired != tenant) {
-      return absl::NotFoundError(absl::StrCat(SessionLabel(*id), " not found"));
+      return absl::NotFoundError(
+          absl::StrCat("session ", session_id, " not found"));
     }
-    return owner.status();
+    return AsCalled(owner.status(), *id, session_id);
   }
   if (*owner != tenant) {
     // The answer a session that does not exist gets, word for word: the
     // code must not tell a tenant which of others' ids exist.
-    return absl::NotFoundError(absl::StrCat(SessionLabel(*id), " not found"));
+    return absl::NotFoundError(
+        absl::StrCat("session ", session_id, " not found"));
   }
   return *id;
 }

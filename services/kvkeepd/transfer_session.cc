@@ -109,9 +109,10 @@ grpc::ServerUnaryReactor* KvKeepService::TransferSession(
     resp->set_transport(std::string(TransportName(outcome.transport)));
     resp->set_bytes(outcome.bytes);
     resp->set_seconds(absl::ToDoubleSeconds(outcome.duration));
-    LogEvent("transfer", absl::StrCat("session=", SessionName(id), " target=",
-                                      target, " transfer=", outcome.transfer_id,
-                                      " bytes=", outcome.bytes));
+    LogEvent("transfer",
+             absl::StrCat("session=", SessionIdOf(id), " target=", target,
+                          " new_id=", resp->session_id(), " transfer=",
+                          outcome.transfer_id, " bytes=", outcome.bytes));
     reactor->Finish(grpc::Status::OK);
   });
   return reactor;
