@@ -170,7 +170,10 @@ absl::StatusOr<FleetClient> FleetClient::Connect(const FleetOptions& options) {
     }
   }
   auto state = std::make_shared<State>(options);
-  state->replicas = std::move(replicas);
+  {
+    absl::MutexLock lock(&state->mu);
+    state->replicas = std::move(replicas);
+  }
   return FleetClient(std::move(state));
 }
 

@@ -114,13 +114,37 @@ void KvKeepService::WriteEvent(absl::string_view event,
 }
 
 grpc::Status KvKeepService::Finish(absl::string_view method,
-                                   const absl::Status& status) {
+                                   const absl::Status& raw) {
+  const absl::Status status = WithSessionIds(raw);
   if (!status.ok()) {
     LogEvent("error", absl::StrCat("method=", method, " code=",
                                    absl::StatusCodeToString(status.code()),
                                    " message=", LogValue(status.message())));
   }
   return ToGrpcStatus(status);
+}
+
+absl::Status KvKeepService::WithSessionIds(const absl::Status& status) const {
+  // The store's "session <key>: ..." (session_types.h) becomes "session
+  // <replica>.<key>: ...": the id clients know, so they can search for it.
+  constexpr absl::string_view kPrefix = "session ";
+  const absl::string_view message = status.message();
+  if (options_.replica_name.empty() || !absl::StartsWith(message, kPrefix)) {
+    return status;
+  }
+  const absl::string_view key = message.substr(kPrefix.size(), 16);
+  const absl::string_view after = message.substr(kPrefix.size() + key.size());
+  if (!ParseSessionName(std::string_view(key.data(), key.size())).has_value() ||
+      !(after.empty() || after[0] == ':' || after[0] == ' ')) {
+    return status;
+  }
+  absl::Status named(status.code(), absl::StrCat(kPrefix, options_.replica_name,
+                                                 ".", key, after));
+  status.ForEachPayload(
+      [&named](absl::string_view url, const absl::Cord& payload) {
+        named.SetPayload(url, payload);
+      });
+  return named;
 }
 
 grpc::Status KvKeepService::Finish(grpc::CallbackServerContext* ctx,

@@ -168,6 +168,9 @@ class KvKeepService final : public v1::KvKeep::CallbackService {
                       absl::string_view method, const absl::Status& status);
   // A session's id as clients see it: "<replica>.<key>" (fleet_names.h).
   std::string SessionIdOf(SessionId key) const;
+  // `status` with a leading "session <key>" (the store's way to name a
+  // session) naming it by SessionIdOf; payloads kept.
+  absl::Status WithSessionIds(const absl::Status& status) const;
   void LogEvent(absl::string_view event, absl::string_view fields) const;
   // The line for a session whose lease ran out, written whether or not
   // log_events is on.
