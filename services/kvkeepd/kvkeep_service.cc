@@ -129,7 +129,8 @@ absl::Status KvKeepService::WithSessionIds(const absl::Status& status) const {
   // <replica>.<key>: ...": the id clients know, so they can search for it.
   constexpr absl::string_view kPrefix = "session ";
   const absl::string_view message = status.message();
-  if (options_.replica_name.empty() || !absl::StartsWith(message, kPrefix)) {
+  if (options_.replica_name.empty() || !absl::StartsWith(message, kPrefix) ||
+      status.GetPayload(kNamedAsCalledPayload).has_value()) {
     return status;
   }
   const absl::string_view key = message.substr(kPrefix.size(), 16);

@@ -83,6 +83,10 @@ struct ServiceOptions {
 // success and on every error once the id is known.
 inline constexpr char kTransferIdMetadata[] = "kvkeep-transfer-id";
 
+// Marks a status whose message names a session by the id its caller sent
+// (KvKeepService::WithSessionIds leaves it alone). Never sent to clients.
+inline constexpr char kNamedAsCalledPayload[] = "kvkeep-named-as-called";
+
 class KvKeepService final : public v1::KvKeep::CallbackService {
  public:
   // `store` must outlive the service.
@@ -169,7 +173,9 @@ class KvKeepService final : public v1::KvKeep::CallbackService {
   // A session's id as clients see it: "<replica>.<key>" (fleet_names.h).
   std::string SessionIdOf(SessionId key) const;
   // `status` with a leading "session <key>" (the store's way to name a
-  // session) naming it by SessionIdOf; payloads kept.
+  // session) naming it by SessionIdOf; payloads kept. A status that carries
+  // kNamedAsCalledPayload (Authorize's: it names the id the caller sent)
+  // stays as it is.
   absl::Status WithSessionIds(const absl::Status& status) const;
   void LogEvent(absl::string_view event, absl::string_view fields) const;
   // The line for a session whose lease ran out, written whether or not

@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "cache_store/quote.h"
@@ -20,14 +21,27 @@ namespace {
 constexpr absl::string_view kBearer = "Bearer ";
 
 // `status` (the store's, naming the session by its key: "session <key>
-// ...") naming it by the id the caller sent, as the caller knows it.
+// ...") naming it by the id the caller sent, as the caller knows it, and
+// marked so that WithSessionIds leaves it so.
 absl::Status AsCalled(const absl::Status& status, SessionId key,
                       const std::string& id) {
   const std::string label = SessionLabel(key);
-  if (!absl::StartsWith(status.message(), label)) return status;
-  return absl::Status(
-      status.code(),
-      absl::StrCat("session ", id, status.message().substr(label.size())));
+  absl::Status named = status;
+  if (absl::StartsWith(status.message(), label)) {
+    named = absl::Status(
+        status.code(),
+        absl::StrCat("session ", id, status.message().substr(label.size())));
+  }
+  named.SetPayload(kNamedAsCalledPayload, absl::Cord());
+  return named;
+}
+
+// What an unknown session, or another tenant's, gets: the same words.
+absl::Status UnknownSession(const std::string& id) {
+  absl::Status status =
+      absl::NotFoundError(absl::StrCat("session ", id, " not found"));
+  status.SetPayload(kNamedAsCalledPayload, absl::Cord());
+  return status;
 }
 
 }  // namespace
@@ -135,16 +149,14 @@ absl::StatusOr<SessionId> KvKeepService::Authorize(
     // Only its own tenant hears that a session expired.
     if (std::optional<std::string> expired = store_->ExpiredTenant(*id);
         expired.has_value() && *expired != tenant) {
-      return absl::NotFoundError(
-          absl::StrCat("session ", session_id, " not found"));
+      return UnknownSession(session_id);
     }
     return AsCalled(owner.status(), *id, session_id);
   }
   if (*owner != tenant) {
     // The answer a session that does not exist gets, word for word: the
     // code must not tell a tenant which of others' ids exist.
-    return absl::NotFoundError(
-        absl::StrCat("session ", session_id, " not found"));
+    return UnknownSession(session_id);
   }
   return *id;
 }
