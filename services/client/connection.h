@@ -10,16 +10,26 @@
 // (ClientOptions::retries); which calls are retried is listed in
 // kvkeep_client.h.
 //
-// Thread-safe: the options, channel and stub are immutable; the ServerInfo
-// cache is guarded by mu_.
+// Redirects (fleet mode, docs/fleet.md). A connection made with a Redirect
+// follows a moved session: when a call fails NOT_FOUND with the trailing
+// metadata kvkeep-moved-to, it asks the Redirect for a channel to that
+// replica, makes it its own from then on, and sends the call there once
+// more. A fleet client gives each session a connection of its own.
+//
+// Thread-safe: the options and channel are immutable; the ServerInfo cache
+// is guarded by mu_, the current stub by route_mu_ (every stub this
+// connection has used stays alive while it does, so a reference stub()
+// returned before a redirect stays valid).
 #ifndef KVKEEP_SERVICES_CLIENT_CONNECTION_H_
 #define KVKEEP_SERVICES_CLIENT_CONNECTION_H_
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/random/random.h"
@@ -41,16 +51,49 @@ namespace kvkeep::client {
 // What one call does about UNAVAILABLE.
 enum class Retry { kNo, kOnUnavailable };
 
+// INVALID_ARGUMENT for negative retries or backoff, max_backoff < backoff,
+// or a deadline that is not positive.
+absl::Status CheckClientOptions(const ClientOptions& options);
+// A channel to `target` with `options`' credentials, reconnect backoff and
+// message limit; `round_robin`: spread over every address it resolves to.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
+    const ClientOptions& options, const std::string& target,
+    bool round_robin = false);
+
+// A channel to the replica a session moved to: its name (kvkeep-moved-to)
+// and the address its old replica sent it to (kvkeep-moved-to-address).
+using Redirect = std::function<absl::StatusOr<std::shared_ptr<grpc::Channel>>(
+    const std::string& replica, const std::string& address)>;
+
 // Shared by a client and every handle it made, so handles may outlive it.
 class Connection {
  public:
-  Connection(ClientOptions options, std::shared_ptr<grpc::Channel> channel)
+  // `replica`: the fleet replica this connection reaches (named in its
+  // UNAVAILABLE errors), or empty.
+  Connection(ClientOptions options, std::shared_ptr<grpc::Channel> channel,
+             Redirect redirect = nullptr, std::string replica = "")
       : options_(std::move(options)),
         channel_(std::move(channel)),
-        stub_(v1::KvKeep::NewStub(channel_)) {}
+        redirect_(std::move(redirect)),
+        replica_(std::move(replica)) {
+    stubs_.push_back(v1::KvKeep::NewStub(channel_));
+  }
 
   const ClientOptions& options() const { return options_; }
-  v1::KvKeep::Stub& stub() const { return *stub_; }
+  v1::KvKeep::Stub& stub() const ABSL_LOCKS_EXCLUDED(route_mu_) {
+    absl::MutexLock lock(&route_mu_);
+    return *stubs_.back();
+  }
+  // After a call ended with `context`: if it names a session's new replica
+  // (kvkeep-moved-to) and this connection follows moves, switches to that
+  // replica and returns true. Call() follows at most one move per call.
+  bool FollowMove(const grpc::ClientContext& context) const
+      ABSL_LOCKS_EXCLUDED(route_mu_);
+  // Starts the ServerInfo cache (a fleet client has read it already).
+  void SeedServerInfo(v1::ServerInfo info) const ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    info_ = std::move(info);
+  }
 
   // Sets the token and a deadline `timeout` from now on a call's context.
   void Prepare(grpc::ClientContext& context, absl::Duration timeout) const {
@@ -70,16 +113,26 @@ class Connection {
                     Attempt&& attempt) const {
     absl::Duration wait = options_.backoff;
     std::optional<absl::BitGen> jitter;
+    bool followed = false;
     for (int n = 1;; ++n) {
       grpc::ClientContext context;
       Prepare(context, options_.deadline);
       absl::Status status = FromGrpcStatus(attempt(context, n));
+      if (status.code() == absl::StatusCode::kNotFound && !followed &&
+          FollowMove(context)) {
+        followed = true;  // once: a second move is the caller's to see
+        continue;
+      }
       if (status.code() != absl::StatusCode::kUnavailable ||
           retry == Retry::kNo || n > options_.retries) {
-        if (status.code() == absl::StatusCode::kUnavailable && n > 1) {
-          return absl::UnavailableError(
-              absl::StrCat(method, " to ", options_.address, " failed after ",
-                           n, " attempts: ", status.message()));
+        if (status.code() == absl::StatusCode::kUnavailable &&
+            (n > 1 || !replica_.empty())) {
+          return absl::UnavailableError(absl::StrCat(
+              method, " to ",
+              replica_.empty() ? ""
+                               : absl::StrCat("replica ", replica_, " at "),
+              options_.address, " failed after ", n,
+              n == 1 ? " attempt: " : " attempts: ", status.message()));
         }
         return status;
       }
@@ -107,7 +160,12 @@ class Connection {
 
   const ClientOptions options_;
   const std::shared_ptr<grpc::Channel> channel_;
-  const std::unique_ptr<v1::KvKeep::Stub> stub_;
+  const Redirect redirect_;  // null: moves are not followed
+  const std::string replica_;
+  mutable absl::Mutex route_mu_;
+  // The current stub last; earlier ones (before a redirect) stay alive.
+  mutable std::vector<std::unique_ptr<v1::KvKeep::Stub>> stubs_
+      ABSL_GUARDED_BY(route_mu_);
   mutable absl::Mutex mu_;
   // Layouts and limits do not change while a server runs.
   mutable std::optional<v1::ServerInfo> info_ ABSL_GUARDED_BY(mu_);

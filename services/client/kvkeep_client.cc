@@ -207,10 +207,22 @@ absl::StatusOr<v1::DecodeStepResult> DecodeStream::Step(v1::DecodeStep step) {
   if (!sent_first_ && step.session_id().empty()) {
     step.set_session_id(session_id_);
   }
+  const bool first = !sent_first_;
   sent_first_ = true;
   v1::DecodeStepResult result;
   if (!stream_->Write(step) || !stream_->Read(&result)) {
     absl::Status s = End();
+    // The session moved (fleet mode): the first step changed nothing, so it
+    // goes once more on a stream to the new replica.
+    if (first && s.code() == absl::StatusCode::kNotFound &&
+        connection_->FollowMove(*context_)) {
+      context_ = std::make_unique<grpc::ClientContext>();
+      connection_->Prepare(*context_, connection_->options().stream_deadline);
+      stream_ = connection_->stub().Decode(context_.get());
+      ended_ = false;
+      if (stream_->Write(step) && stream_->Read(&result)) return result;
+      s = End();
+    }
     if (s.ok()) {  // the server must answer every step or fail the stream
       final_status_ = absl::InternalError(
           absl::StrCat("the server ended the decode stream of session ",
@@ -293,28 +305,42 @@ absl::StatusOr<PrefillResult> Session::AppendPrefill(
 
   PrefillResult result;
   v1::AppendPrefillResponse response;
-  grpc::ClientContext context;
-  connection_->Prepare(context, connection_->options().stream_deadline);
-  std::unique_ptr<grpc::ClientWriter<v1::AppendRequest>> writer =
-      connection_->stub().AppendPrefill(&context, &response);
-  for (int64_t first = 0; first < n; first += chunk) {
-    const int64_t count = std::min(chunk, n - first);
-    v1::AppendRequest message;
-    if (first == 0) message.set_session_id(id_);
-    message.mutable_positions()->Add(prompt.positions.begin() + first,
-                                     prompt.positions.begin() + first + count);
-    for (const LayerBytes& l : prompt.layers) {
-      v1::LayerKv* layer = message.add_layers();
-      layer->set_keys(l.keys.data() + first * token_bytes, count * token_bytes);
-      layer->set_values(l.values.data() + first * token_bytes,
+  for (bool followed = false;; followed = true) {
+    result.chunk_tokens.clear();
+    response.Clear();
+    grpc::ClientContext context;
+    connection_->Prepare(context, connection_->options().stream_deadline);
+    std::unique_ptr<grpc::ClientWriter<v1::AppendRequest>> writer =
+        connection_->stub().AppendPrefill(&context, &response);
+    for (int64_t first = 0; first < n; first += chunk) {
+      const int64_t count = std::min(chunk, n - first);
+      v1::AppendRequest message;
+      if (first == 0) message.set_session_id(id_);
+      message.mutable_positions()->Add(
+          prompt.positions.begin() + first,
+          prompt.positions.begin() + first + count);
+      for (const LayerBytes& l : prompt.layers) {
+        v1::LayerKv* layer = message.add_layers();
+        layer->set_keys(l.keys.data() + first * token_bytes,
                         count * token_bytes);
+        layer->set_values(l.values.data() + first * token_bytes,
+                          count * token_bytes);
+      }
+      result.chunk_tokens.push_back(count);
+      // A failed write means the server ended the call; Finish says why.
+      if (!writer->Write(message)) break;
     }
-    result.chunk_tokens.push_back(count);
-    // A failed write means the server ended the call; Finish says why.
-    if (!writer->Write(message)) break;
+    writer->WritesDone();
+    const absl::Status s = FromGrpcStatus(writer->Finish());
+    // A session that moved (fleet mode) refused the first chunk, so nothing
+    // was appended: the prompt goes once more, to its new replica.
+    if (s.code() == absl::StatusCode::kNotFound && !followed &&
+        response.chunks_size() == 0 && connection_->FollowMove(context)) {
+      continue;
+    }
+    if (!s.ok()) return s;
+    break;
   }
-  writer->WritesDone();
-  if (absl::Status s = FromGrpcStatus(writer->Finish()); !s.ok()) return s;
   if (response.chunks_size() != static_cast<int>(result.chunk_tokens.size())) {
     return absl::InternalError(absl::StrCat(
         "session ", id_, ": AppendPrefill sent ", result.chunk_tokens.size(),
@@ -545,42 +571,11 @@ absl::StatusOr<KvKeepClient> KvKeepClient::Connect(
   if (options.address.empty()) {
     return absl::InvalidArgumentError("ClientOptions.address is empty");
   }
-  if (options.retries < 0 || options.backoff < absl::ZeroDuration() ||
-      options.max_backoff < options.backoff) {
-    return absl::InvalidArgumentError(
-        "ClientOptions: retries and backoff must be >= 0 and max_backoff >= "
-        "backoff");
-  }
-  if (options.deadline <= absl::ZeroDuration() ||
-      options.stream_deadline <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        "ClientOptions: deadlines must be positive");
-  }
-  std::shared_ptr<grpc::ChannelCredentials> credentials;
-  if (options.use_tls || !options.tls_root_certs_pem.empty()) {
-    grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = options.tls_root_certs_pem;
-    credentials = grpc::SslCredentials(ssl);
-  } else {
-    credentials = grpc::InsecureChannelCredentials();
-  }
-  grpc::ChannelArguments args;
-  // Reconnect on the retry schedule: the default (1 s, growing to 120 s)
-  // would leave a restarted server unseen long after it is back.
-  const auto ms = [](absl::Duration d) {
-    return static_cast<int>(
-        std::clamp<int64_t>(absl::ToInt64Milliseconds(d), 1, 1 << 30));
-  };
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, ms(options.backoff));
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, ms(options.max_backoff));
-  args.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(options.address, credentials, args);
-  if (channel == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot make a channel to ", options.address));
-  }
-  return KvKeepClient(std::make_shared<const Connection>(options, channel));
+  if (absl::Status s = CheckClientOptions(options); !s.ok()) return s;
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      MakeChannel(options, options.address);
+  if (!channel.ok()) return channel.status();
+  return KvKeepClient(std::make_shared<const Connection>(options, *channel));
 }
 
 v1::KvKeep::Stub& KvKeepClient::stub() const { return connection_->stub(); }

@@ -378,6 +378,7 @@ class KvKeepClient {
   const ClientOptions& options() const;
 
  private:
+  friend class FleetClient;
   explicit KvKeepClient(std::shared_ptr<const Connection> connection)
       : connection_(std::move(connection)) {}
   absl::StatusOr<Session> MakeSession(std::string id,

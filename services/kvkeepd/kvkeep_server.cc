@@ -116,6 +116,8 @@ ServiceOptions ServiceOptionsFor(const ServerConfig& config,
       absl::Seconds(config.transfer_resolve_seconds);
   options.peer_identities = config.peers.identities;
   options.plaintext_data = config.tls.cert_file.empty();
+  options.replica_name = config.replica_name;
+  options.advertise_address = config.advertise_address;
   return options;
 }
 
@@ -253,6 +255,13 @@ absl::Status KvKeepServer::Listen(grpc::Service* service) {
         absl::StrCat("cannot listen on ", config_.listen));
   }
   address_ = BoundAddress(config_.listen, port_);
+  // Without an advertise_address, a store bound to one interface is reached
+  // where it listens; one bound to every interface names no address.
+  if (service_ != nullptr && config_.advertise_address.empty() &&
+      !absl::StartsWith(address_, "0.0.0.0:") &&
+      !absl::StartsWith(address_, "[::]:")) {
+    service_->set_address(address_);
+  }
   return absl::OkStatus();
 }
 

@@ -18,9 +18,9 @@
 #include "absl/time/time.h"
 #include "cache_store/policy_registry.h"
 #include "cache_store/quote.h"
-#include "services/common/constant_time.h"
 #include "services/common/convert.h"
 #include "services/common/dtype_proto.h"
+#include "services/common/fleet_names.h"
 #include "services/common/grpc_status.h"
 #include "services/kvkeepd/block_table_pages.h"
 #include "services/transfer/session_receiver.h"
@@ -31,8 +31,6 @@
 
 namespace kvkeep {
 namespace {
-
-constexpr absl::string_view kBearer = "Bearer ";
 
 // A value in a logfmt line: double-quoted, C-escaped (a client cannot end
 // the line or forge a field), at most 512 bytes of it.
@@ -53,7 +51,8 @@ TransferOptions TransferOptionsOf(const ServiceOptions& options,
                             bool committed) {
     service->LogEvent(
         "transfer_resolved",
-        absl::StrCat("session=", SessionName(id), " transfer=", transfer_id,
+        absl::StrCat("session=", service->SessionIdOf(id),
+                     " transfer=", transfer_id,
                      committed ? " committed=true" : " committed=false"));
   };
   t.max_message_bytes = options.max_message_bytes;
@@ -64,6 +63,7 @@ TransferOptions TransferOptionsOf(const ServiceOptions& options,
   t.peer_token = options.peer_token;
   t.peer_credentials = options.peer_credentials;
   t.plaintext_data = options.plaintext_data;
+  t.replica = options.replica_name;
   return t;
 }
 
@@ -72,6 +72,7 @@ TransferOptions TransferOptionsOf(const ServiceOptions& options,
 KvKeepService::KvKeepService(CacheStore* store, ServiceOptions options)
     : store_(store),
       options_(std::move(options)),
+      moved_(options_.remembered_moves),
       transfers_(store, TransferOptionsOf(options_, this)) {
   // ReceiveSession reads each chunk in place (session_receiver.h).
   MarkMethodRawCallback(
@@ -87,115 +88,11 @@ KvKeepService::KvKeepService(CacheStore* store, ServiceOptions options)
       }));
 }
 
-absl::Status KvKeepService::AuthenticatePeer(
-    const grpc::CallbackServerContext& ctx) const {
-  if (options_.peer_token.empty() && options_.accepted_peer_tokens.empty() &&
-      options_.peer_identities.empty()) {
-    return absl::PermissionDeniedError(
-        "this store takes no session transfers: no peers are configured "
-        "(peers.token or peers.identities, docs/security.md)");
-  }
-  if (!options_.peer_identities.empty()) {
-    const std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
-    if (auth != nullptr && auth->IsPeerAuthenticated()) {
-      for (const char* property :
-           {"x509_subject_alternative_name", "x509_common_name"}) {
-        for (const grpc::string_ref& name :
-             auth->FindPropertyValues(property)) {
-          const absl::string_view n(name.data(), name.size());
-          if (std::find(options_.peer_identities.begin(),
-                        options_.peer_identities.end(),
-                        n) != options_.peer_identities.end()) {
-            return absl::OkStatus();
-          }
-        }
-      }
-    }
-  }
-  if (options_.peer_token.empty() && options_.accepted_peer_tokens.empty()) {
-    return absl::UnauthenticatedError(
-        "ReceiveSession is for other kvkeep stores: this store takes only "
-        "peers whose client certificate names one of peers.identities");
-  }
-  const auto& metadata = ctx.client_metadata();
-  auto it = metadata.find(kPeerTokenMetadata);
-  if (it == metadata.end()) {
-    return absl::UnauthenticatedError(
-        "ReceiveSession is for other kvkeep stores: send the store's peer "
-        "token as metadata 'kvkeep-peer-token' (peers.token)");
-  }
-  const absl::string_view sent(it->second.data(), it->second.size());
-  // Every token is compared, so the time taken does not say which matched.
-  bool match = !options_.peer_token.empty() &&
-               ConstantTimeEquals(sent, options_.peer_token);
-  for (const std::string& token : options_.accepted_peer_tokens) {
-    match |= ConstantTimeEquals(sent, token);
-  }
-  if (!match) return absl::UnauthenticatedError("wrong peer token");
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::string> KvKeepService::Authenticate(
-    const grpc::CallbackServerContext& ctx) const {
-  if (options_.tenants_by_token.empty()) return std::string();
-  const auto& metadata = ctx.client_metadata();
-  auto it = metadata.find("authorization");
-  if (it == metadata.end()) {
-    return absl::UnauthenticatedError(
-        "this server requires a token: send metadata 'authorization: Bearer "
-        "<token>'");
-  }
-  const absl::string_view value(it->second.data(), it->second.size());
-  if (!absl::StartsWith(value, kBearer)) {
-    return absl::UnauthenticatedError(
-        "the authorization metadata must read 'Bearer <token>'");
-  }
-  auto tenant =
-      options_.tenants_by_token.find(std::string(value.substr(kBearer.size())));
-  if (tenant == options_.tenants_by_token.end()) {
-    return absl::UnauthenticatedError("unknown token");
-  }
-  return tenant->second;
-}
-
-absl::StatusOr<SessionId> KvKeepService::CallerSession(
-    const grpc::CallbackServerContext& ctx,
-    const std::string& session_id) const {
-  absl::StatusOr<std::string> tenant = Authenticate(ctx);
-  if (!tenant.ok()) return tenant.status();
-  return Authorize(*tenant, session_id);
-}
-
-absl::StatusOr<SessionId> KvKeepService::Authorize(
-    const std::string& tenant, const std::string& session_id) const {
-  const std::optional<SessionId> id = ParseSessionName(session_id);
-  if (!id.has_value()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("session_id ", Quote(session_id),
-                     " is not a kvkeep session id (16 lowercase hex digits)"));
-  }
-  absl::StatusOr<std::string> owner = store_->TenantOf(*id);
-  if (!owner.ok()) {
-    // Only its own tenant hears that a session expired.
-    if (std::optional<std::string> expired = store_->ExpiredTenant(*id);
-        expired.has_value() && *expired != tenant) {
-      return absl::NotFoundError(absl::StrCat(SessionLabel(*id), " not found"));
-    }
-    return owner.status();
-  }
-  if (*owner != tenant) {
-    // The answer a session that does not exist gets, word for word: the
-    // code must not tell a tenant which of others' ids exist.
-    return absl::NotFoundError(absl::StrCat(SessionLabel(*id), " not found"));
-  }
-  return *id;
-}
-
 void KvKeepService::LogExpired(const ExpiredSession& session) const {
   // Always written: an expiry is what an operator looks for when a client
   // forgot its sessions (one line per session, not per call).
   WriteEvent("session_expired",
-             absl::StrCat("session=", SessionName(session.info.id),
+             absl::StrCat("session=", SessionIdOf(session.info.id),
                           " tenant=", LogValue(session.info.tenant),
                           " idle_timeout_seconds=",
                           absl::ToDoubleSeconds(session.idle_timeout),
@@ -217,7 +114,8 @@ void KvKeepService::WriteEvent(absl::string_view event,
 }
 
 grpc::Status KvKeepService::Finish(absl::string_view method,
-                                   const absl::Status& status) {
+                                   const absl::Status& raw) {
+  const absl::Status status = WithSessionIds(raw);
   if (!status.ok()) {
     LogEvent("error", absl::StrCat("method=", method, " code=",
                                    absl::StatusCodeToString(status.code()),
@@ -226,11 +124,48 @@ grpc::Status KvKeepService::Finish(absl::string_view method,
   return ToGrpcStatus(status);
 }
 
+absl::Status KvKeepService::WithSessionIds(const absl::Status& status) const {
+  // The store's "session <key>: ..." (session_types.h) becomes "session
+  // <replica>.<key>: ...": the id clients know, so they can search for it.
+  constexpr absl::string_view kPrefix = "session ";
+  const absl::string_view message = status.message();
+  if (options_.replica_name.empty() || !absl::StartsWith(message, kPrefix) ||
+      status.GetPayload(kNamedAsCalledPayload).has_value()) {
+    return status;
+  }
+  const absl::string_view key = message.substr(kPrefix.size(), 16);
+  const absl::string_view after = message.substr(kPrefix.size() + key.size());
+  if (!ParseSessionName(std::string_view(key.data(), key.size())).has_value() ||
+      !(after.empty() || after[0] == ':' || after[0] == ' ')) {
+    return status;
+  }
+  absl::Status named(status.code(), absl::StrCat(kPrefix, options_.replica_name,
+                                                 ".", key, after));
+  status.ForEachPayload(
+      [&named](absl::string_view url, const absl::Cord& payload) {
+        named.SetPayload(url, payload);
+      });
+  return named;
+}
+
+grpc::Status KvKeepService::Finish(grpc::CallbackServerContext* ctx,
+                                   absl::string_view method,
+                                   const absl::Status& status) {
+  for (const auto& [key, value] : MovedSessions::MovedMetadata(status)) {
+    ctx->AddTrailingMetadata(key, value);
+  }
+  return Finish(method, status);
+}
+
+std::string KvKeepService::SessionIdOf(SessionId key) const {
+  return FleetSessionId(options_.replica_name, key);
+}
+
 grpc::ServerUnaryReactor* KvKeepService::Unary(
     grpc::CallbackServerContext* ctx, absl::string_view method,
     const std::function<absl::Status()>& fn) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(Finish(method, fn()));
+  reactor->Finish(Finish(ctx, method, fn()));
   return reactor;
 }
 
@@ -253,6 +188,14 @@ grpc::ServerUnaryReactor* KvKeepService::GetServerInfo(
       pool->set_allocation_failures(s.pool.allocation_failures);
       pool->set_shared_pages(s.pool.shared_pages);
       pool->set_page_references(s.pool.page_references);
+      pool->set_free_pages(s.pool.capacity_pages - s.pool.used_pages);
+    }
+    resp->set_replica(options_.replica_name);
+    if (!options_.advertise_address.empty()) {
+      resp->set_address(options_.advertise_address);
+    } else {
+      absl::MutexLock lock(&address_mu_);
+      resp->set_address(address_);
     }
     for (const PolicyInfo& policy : Policies()) {
       resp->add_policies(std::string(policy.name));
@@ -297,9 +240,10 @@ grpc::ServerUnaryReactor* KvKeepService::CreateSession(
     if (!stats.ok()) return stats.status();
     NewSessionToProto(*stats, resp);
     resp->set_layout(stats->layout);
+    resp->set_session_id(SessionIdOf(*id));
     LogEvent(
         "session_create",
-        absl::StrCat("session=", SessionName(*id),
+        absl::StrCat("session=", SessionIdOf(*id),
                      " tenant=", LogValue(*tenant), " layout=", stats->layout,
                      " policy=", spec.policy.name, " idle_timeout_seconds=",
                      absl::ToDoubleSeconds(stats->idle_timeout)));
@@ -338,11 +282,12 @@ grpc::ServerUnaryReactor* KvKeepService::ForkSession(
     absl::StatusOr<SessionStats> stats = store_->GetStats(*id);
     if (!stats.ok()) return stats.status();
     NewSessionToProto(*stats, resp);
+    resp->set_session_id(SessionIdOf(*id));
     resp->set_shared_pages(stats->shared_pages);
     LogEvent(
         "session_fork",
         absl::StrCat(
-            "session=", SessionName(*id), " parent=", req->session_id(),
+            "session=", SessionIdOf(*id), " parent=", req->session_id(),
             " tenant=", LogValue(stats->tenant), " policy=", stats->policy,
             " shared_pages=", stats->shared_pages, " idle_timeout_seconds=",
             absl::ToDoubleSeconds(stats->idle_timeout)));
@@ -359,6 +304,7 @@ grpc::ServerUnaryReactor* KvKeepService::GetSessionStats(
     absl::StatusOr<SessionStats> stats = store_->GetStats(*id);
     if (!stats.ok()) return stats.status();
     StatsToProto(*stats, resp);
+    resp->set_session_id(SessionIdOf(*id));
     return absl::OkStatus();
   });
 }
@@ -391,7 +337,9 @@ grpc::ServerUnaryReactor* KvKeepService::ListSessions(
       absl::StatusOr<SessionStats> stats =
           store_->GetStats(info.id, /*renew_lease=*/false);
       if (!stats.ok()) continue;  // closed since the listing
-      StatsToProto(*stats, resp->add_sessions());
+      v1::SessionStats* out = resp->add_sessions();
+      StatsToProto(*stats, out);
+      out->set_session_id(SessionIdOf(info.id));
     }
     return absl::OkStatus();
   });
@@ -558,7 +506,7 @@ class PrefillReactor final : public grpc::ServerReadReactor<v1::AppendRequest> {
  public:
   PrefillReactor(KvKeepService* service, grpc::CallbackServerContext* ctx,
                  v1::AppendPrefillResponse* resp)
-      : service_(service), resp_(resp) {
+      : service_(service), ctx_(ctx), resp_(resp) {
     absl::StatusOr<std::string> tenant = service_->Authenticate(*ctx);
     if (!tenant.ok()) {
       Finish(service_->Finish("AppendPrefill", tenant.status()));
@@ -574,12 +522,16 @@ class PrefillReactor final : public grpc::ServerReadReactor<v1::AppendRequest> {
       return;
     }
     if (absl::Status s = AppendChunk(); !s.ok()) {
-      Finish(service_->Finish(
-          "AppendPrefill",
-          absl::Status(s.code(),
-                       absl::StrCat("chunk ", resp_->chunks_size(), ": ",
-                                    s.message(), " (", resp_->chunks_size(),
-                                    " earlier chunks were appended)"))));
+      absl::Status status(
+          s.code(),
+          absl::StrCat("chunk ", resp_->chunks_size(), ": ", s.message(), " (",
+                       resp_->chunks_size(), " earlier chunks were appended)"));
+      // A moved session's new place (MovedSessions) travels on.
+      s.ForEachPayload(
+          [&status](absl::string_view url, const absl::Cord& payload) {
+            status.SetPayload(url, payload);
+          });
+      Finish(service_->Finish(ctx_, "AppendPrefill", status));
       return;
     }
     StartRead(&chunk_);
@@ -599,6 +551,7 @@ class PrefillReactor final : public grpc::ServerReadReactor<v1::AppendRequest> {
   }
 
   KvKeepService* const service_;
+  grpc::CallbackServerContext* const ctx_;
   v1::AppendPrefillResponse* const resp_;
   std::optional<StreamBinding> binding_;  // set once authenticated
   v1::AppendRequest chunk_;
@@ -611,7 +564,7 @@ class DecodeReactor final
     : public grpc::ServerBidiReactor<v1::DecodeStep, v1::DecodeStepResult> {
  public:
   DecodeReactor(KvKeepService* service, grpc::CallbackServerContext* ctx)
-      : service_(service) {
+      : service_(service), ctx_(ctx) {
     absl::StatusOr<std::string> tenant = service_->Authenticate(*ctx);
     if (!tenant.ok()) {
       Finish(service_->Finish("Decode", tenant.status()));
@@ -627,7 +580,7 @@ class DecodeReactor final
       return;
     }
     if (absl::Status s = RunStep(); !s.ok()) {
-      Finish(service_->Finish("Decode", s));
+      Finish(service_->Finish(ctx_, "Decode", s));
       return;
     }
     StartWrite(&result_);
@@ -674,6 +627,7 @@ class DecodeReactor final
   }
 
   KvKeepService* const service_;
+  grpc::CallbackServerContext* const ctx_;
   std::optional<StreamBinding> binding_;  // set once authenticated
   // The stream's messages and the store's views and results of them, kept
   // for its life: a steady-state step reuses their buffers.
@@ -692,7 +646,7 @@ class ReadKvReactor final : public grpc::ServerWriteReactor<v1::KvChunk> {
                 const v1::ReadKvRequest* req)
       : service_(service) {
     if (absl::Status s = Start(*ctx, *req); !s.ok()) {
-      Finish(service_->Finish("ReadKv", s));
+      Finish(service_->Finish(ctx, "ReadKv", s));
       return;
     }
     Next();

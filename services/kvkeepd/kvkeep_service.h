@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -23,6 +24,7 @@
 #include "cache_store/cache_store.h"
 #include "grpcpp/security/credentials.h"
 #include "kvkeep/v1/kvkeep.grpc.pb.h"
+#include "services/kvkeepd/moved_sessions.h"
 #include "services/transfer/page_transport.h"
 #include "services/transfer/session_state.h"
 #include "services/transfer/tcp_transport.h"
@@ -68,11 +70,22 @@ struct ServiceOptions {
   absl::Duration peer_keepalive = absl::Seconds(10);
   int transfer_resolve_attempts = 12;
   absl::Duration transfer_resolve_wait = absl::Seconds(1);
+  // This store in a fleet (docs/fleet.md): its replica name (a DNS label;
+  // session ids begin with it; empty: bare 16-hex-digit ids, as a single
+  // server), the address it tells others to reach it at (ServerInfo), and
+  // how many sessions it sent away it remembers, to redirect calls on them.
+  std::string replica_name;
+  std::string advertise_address;
+  int64_t remembered_moves = kRememberedMoves;
 };
 
 // The trailing metadata that names a TransferSession's transfer id, on
 // success and on every error once the id is known.
 inline constexpr char kTransferIdMetadata[] = "kvkeep-transfer-id";
+
+// Marks a status whose message names a session by the id its caller sent
+// (KvKeepService::WithSessionIds leaves it alone). Never sent to clients.
+inline constexpr char kNamedAsCalledPayload[] = "kvkeep-named-as-called";
 
 class KvKeepService final : public v1::KvKeep::CallbackService {
  public:
@@ -165,10 +178,28 @@ class KvKeepService final : public v1::KvKeep::CallbackService {
       const std::string& session_id) const;
   // Logs a failed call (when log_events) and maps its status.
   grpc::Status Finish(absl::string_view method, const absl::Status& status);
+  // The same, and puts a moved session's new place (MovedSessions::NotFound)
+  // in the call's trailing metadata.
+  grpc::Status Finish(grpc::CallbackServerContext* ctx,
+                      absl::string_view method, const absl::Status& status);
+  // A session's id as clients see it: "<replica>.<key>" (fleet_names.h).
+  std::string SessionIdOf(SessionId key) const;
+  // `status` with a leading "session <key>" (the store's way to name a
+  // session) naming it by SessionIdOf; payloads kept. A status that carries
+  // kNamedAsCalledPayload (Authorize's: it names the id the caller sent)
+  // stays as it is.
+  absl::Status WithSessionIds(const absl::Status& status) const;
   void LogEvent(absl::string_view event, absl::string_view fields) const;
   // The line for a session whose lease ran out, written whether or not
   // log_events is on.
   void LogExpired(const ExpiredSession& session) const;
+
+  // The address ServerInfo reports when options().advertise_address is
+  // empty (KvKeepServer sets the bound one, once it listens).
+  void set_address(std::string address) ABSL_LOCKS_EXCLUDED(address_mu_) {
+    absl::MutexLock lock(&address_mu_);
+    address_ = std::move(address);
+  }
 
   CacheStore& store() { return *store_; }
   const ServiceOptions& options() const { return options_; }
@@ -183,6 +214,9 @@ class KvKeepService final : public v1::KvKeep::CallbackService {
 
   CacheStore* const store_;
   const ServiceOptions options_;
+  MovedSessions moved_;
+  mutable absl::Mutex address_mu_;
+  std::string address_ ABSL_GUARDED_BY(address_mu_);
   // Last: its destructor waits for sends whose callbacks use the rest.
   TransferCoordinator transfers_;
 };

@@ -7,6 +7,8 @@
 // It also serves Prometheus metrics over HTTP (docs/metrics.md). At startup
 // it prints the bound gRPC address on one line and the bound metrics URL on
 // the next, so scripts can find ephemeral ports (--listen ...:0).
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
 #include <random>
@@ -92,6 +94,12 @@ ABSL_FLAG(std::string, peer_token_file, "",
           "ReceiveSession and this one sends them (docs/security.md)");
 ABSL_FLAG(std::string, peer_ca, "",
           "PEM CA of the other stores' server certificates (with TLS)");
+ABSL_FLAG(std::string, replica_name, "",
+          "this replica's name in a fleet, which begins its session ids "
+          "(default: the host name; docs/fleet.md)");
+ABSL_FLAG(std::string, advertise_address, "",
+          "host:port other replicas and clients reach this one at "
+          "(ServerInfo.address)");
 ABSL_FLAG(bool, exit_after_start, false,
           "exit 0 once serving has started (a smoke test of the start-up)");
 
@@ -155,6 +163,18 @@ absl::StatusOr<ServerConfig> LoadConfig() {
   set_string(FLAGS_transfer_listen, config.transfer_listen);
   set_string(FLAGS_peer_token_file, config.peers.token_file);
   set_string(FLAGS_peer_ca, config.peers.ca_file);
+  set_string(FLAGS_replica_name, config.replica_name);
+  set_string(FLAGS_advertise_address, config.advertise_address);
+  if (config.replica_name.empty()) {
+    char host[256] = {};
+    if (gethostname(host, sizeof(host) - 1) != 0) {
+      return absl::InternalError(
+          "gethostname failed: set replica_name (--replica_name)");
+    }
+    absl::StatusOr<std::string> name = ReplicaNameFromHost(host);
+    if (!name.ok()) return name.status();
+    config.replica_name = *std::move(name);
+  }
   if (!config.tenants_file.empty()) {
     absl::StatusOr<std::string> text = ReadConfigFile(config.tenants_file);
     if (!text.ok()) return text.status();

@@ -20,6 +20,7 @@ grpc::ServerUnaryReactor* KvKeepService::PublishPrefix(
         *id, PrefixSpec{req->name(), *tenant, req->is_public()});
     if (!info.ok()) return info.status();
     PrefixToProto(*info, resp);
+    resp->set_source_session_id(SessionIdOf(info->source));
     LogEvent("prefix_publish",
              absl::StrCat("prefix=", Quote(info->name), " session=",
                           req->session_id(), " tenant=", Quote(info->tenant),
@@ -53,7 +54,9 @@ grpc::ServerUnaryReactor* KvKeepService::ListPrefixes(
     absl::StatusOr<std::string> tenant = Authenticate(*ctx);
     if (!tenant.ok()) return tenant.status();
     for (const PrefixInfo& info : store_->Prefixes(*tenant)) {
-      PrefixToProto(info, resp->add_prefixes());
+      v1::PrefixInfo* out = resp->add_prefixes();
+      PrefixToProto(info, out);
+      out->set_source_session_id(SessionIdOf(info.source));  // fleet form
     }
     return absl::OkStatus();
   });

@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "nlohmann/json.hpp"
+#include "services/common/fleet_names.h"
 
 namespace kvkeep {
 namespace {
@@ -194,6 +195,16 @@ absl::Status ApplyTenantsJson(absl::string_view text, ServerConfig& config) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> ReplicaNameFromHost(absl::string_view host) {
+  std::string name = absl::AsciiStrToLower(host.substr(0, host.find('.')));
+  if (absl::Status s = CheckReplicaName(name); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the host name does not make a replica name (",
+                     s.message(), "): set replica_name (--replica_name)"));
+  }
+  return name;
+}
+
 absl::StatusOr<std::string> ReadConfigFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
@@ -260,6 +271,12 @@ absl::Status ValidateConfig(const ServerConfig& config) {
           " bytes) cannot hold one token of layout '", l.name, "' (",
           l.num_layers, " layers x one ", l.page_layout().page_bytes(),
           "-byte page = ", one_token, " bytes): no session could be used"));
+    }
+  }
+  if (!config.replica_name.empty()) {
+    if (absl::Status s = CheckReplicaName(config.replica_name); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("replica_name: ", s.message()));
     }
   }
   if (!config.tls.cert_file.empty() && !config.transfer_listen.empty() &&
@@ -348,39 +365,10 @@ absl::StatusOr<PeerTokens> ReadPeerTokens(const ServerConfig& config) {
   return tokens;
 }
 
-absl::Status ApplyConfigJson(absl::string_view text, ServerConfig& config) {
-  absl::StatusOr<Json> parsed = ParseJson(text, "config");
-  if (!parsed.ok()) return parsed.status();
-  const Json& j = *parsed;
-  KVKEEP_RETURN_IF_ERROR(CheckKeys(j, "the config",
-                                   {"listen",
-                                    "metrics_listen",
-                                    "metrics_session_series",
-                                    "metrics_auth_file",
-                                    "layouts",
-                                    "default_policy",
-                                    "limits",
-                                    "tenants",
-                                    "tenants_file",
-                                    "tls",
-                                    "peers",
-                                    "drain_seconds",
-                                    "log_events",
-                                    "device",
-                                    "share_pools",
-                                    "allow_public_prefixes",
-                                    "transfer_listen",
-                                    "transfer_timeout_seconds",
-                                    "peer_keepalive_seconds",
-                                    "transfer_resolve_attempts",
-                                    "transfer_resolve_seconds",
-                                    "session_idle_timeout_seconds"}));
-  KVKEEP_RETURN_IF_ERROR(Read(j, "metrics_session_series", "config",
-                              config.metrics_session_series));
-  if (config.metrics_session_series < 0) {
-    return absl::InvalidArgumentError(
-        "config: metrics_session_series must be >= 0");
-  }
+namespace {
+
+// The config's top-level strings, numbers and booleans (ApplyConfigJson).
+absl::Status ReadScalars(const Json& j, ServerConfig& config) {
   KVKEEP_RETURN_IF_ERROR(
       Read(j, "tenants_file", "config", config.tenants_file));
   KVKEEP_RETURN_IF_ERROR(
@@ -407,6 +395,51 @@ absl::Status ApplyConfigJson(absl::string_view text, ServerConfig& config) {
       Read(j, "allow_public_prefixes", "config", config.allow_public_prefixes));
   KVKEEP_RETURN_IF_ERROR(
       Read(j, "transfer_listen", "config", config.transfer_listen));
+  KVKEEP_RETURN_IF_ERROR(
+      Read(j, "replica_name", "config", config.replica_name));
+  KVKEEP_RETURN_IF_ERROR(
+      Read(j, "advertise_address", "config", config.advertise_address));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ApplyConfigJson(absl::string_view text, ServerConfig& config) {
+  absl::StatusOr<Json> parsed = ParseJson(text, "config");
+  if (!parsed.ok()) return parsed.status();
+  const Json& j = *parsed;
+  KVKEEP_RETURN_IF_ERROR(CheckKeys(j, "the config",
+                                   {"listen",
+                                    "metrics_listen",
+                                    "metrics_session_series",
+                                    "metrics_auth_file",
+                                    "layouts",
+                                    "default_policy",
+                                    "limits",
+                                    "tenants",
+                                    "tenants_file",
+                                    "tls",
+                                    "peers",
+                                    "drain_seconds",
+                                    "log_events",
+                                    "device",
+                                    "share_pools",
+                                    "allow_public_prefixes",
+                                    "transfer_listen",
+                                    "transfer_timeout_seconds",
+                                    "peer_keepalive_seconds",
+                                    "transfer_resolve_attempts",
+                                    "transfer_resolve_seconds",
+                                    "session_idle_timeout_seconds",
+                                    "replica_name",
+                                    "advertise_address"}));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "metrics_session_series", "config",
+                              config.metrics_session_series));
+  if (config.metrics_session_series < 0) {
+    return absl::InvalidArgumentError(
+        "config: metrics_session_series must be >= 0");
+  }
+  KVKEEP_RETURN_IF_ERROR(ReadScalars(j, config));
   if (auto it = j.find("layouts"); it != j.end()) {
     if (!it->is_array() || it->empty()) {
       return absl::InvalidArgumentError(

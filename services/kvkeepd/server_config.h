@@ -116,7 +116,19 @@ struct ServerConfig {
   // host, any free port, or none on a store with TLS (the socket is
   // plaintext); "off": none (pages then come in chunk messages).
   std::string transfer_listen;
+  // This store in a fleet of replicas (docs/fleet.md): its name, a DNS label
+  // unique in the fleet (the StatefulSet pod's name, from the downward API)
+  // that begins every session id it gives out; empty: kvkeepd takes the host
+  // name (a server built in-process stays unnamed: bare 16-hex-digit ids).
+  // And the host:port other replicas and clients reach it at, reported in
+  // ServerInfo (e.g. "$(POD_NAME).kvkeep-fleet:50051"); empty: none.
+  std::string replica_name;
+  std::string advertise_address;
 };
+
+// A replica name from a host name: its first label, lowercased; an error
+// saying to set replica_name when that is not a DNS label.
+absl::StatusOr<std::string> ReplicaNameFromHost(absl::string_view host);
 
 // The contents of a file the config names (the config itself, tenants, TLS
 // PEM files): NOT_FOUND naming the path when it cannot be read.

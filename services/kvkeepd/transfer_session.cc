@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "cache_store/quote.h"
+#include "services/common/fleet_names.h"
 #include "services/kvkeepd/kvkeep_service.h"
 #include "services/transfer/transfer_cancel.h"
 
@@ -55,8 +56,10 @@ grpc::ServerUnaryReactor* KvKeepService::TransferSession(
     v1::TransferSessionResponse* resp) {
   auto* reactor = new TransferReactor;
   absl::StatusOr<SessionId> id = CallerSession(*ctx, req->session_id());
-  if (!id.ok()) {
-    reactor->Finish(Finish("TransferSession", id.status()));
+  absl::StatusOr<std::string> tenant =
+      id.ok() ? store_->TenantOf(*id) : id.status();
+  if (!tenant.ok()) {
+    reactor->Finish(Finish(ctx, "TransferSession", tenant.status()));
     return reactor;
   }
   if (req->target().empty()) {
@@ -85,7 +88,8 @@ grpc::ServerUnaryReactor* KvKeepService::TransferSession(
   transfer.cancel = reactor->cancel();
   const std::string target = req->target();
   transfers_.Send(std::move(transfer), [this, ctx, id = *id, target, reactor,
-                                        resp](const TransferOutcome& outcome) {
+                                        resp, tenant = *std::move(tenant)](
+                                           const TransferOutcome& outcome) {
     // The transfer id, also when this store made it and the transfer failed.
     ctx->AddTrailingMetadata(kTransferIdMetadata, outcome.transfer_id);
     if (!outcome.status.ok()) {
@@ -98,14 +102,17 @@ grpc::ServerUnaryReactor* KvKeepService::TransferSession(
       reactor->Finish(Finish("TransferSession", status));
       return;
     }
-    resp->set_session_id(SessionName(id));
+    // Calls on the old id here are redirected from now on (docs/fleet.md).
+    moved_.Add(id, MovedSessions::Move{tenant, outcome.target_replica, target});
+    resp->set_session_id(FleetSessionId(outcome.target_replica, id));
     resp->set_transfer_id(outcome.transfer_id);
     resp->set_transport(std::string(TransportName(outcome.transport)));
     resp->set_bytes(outcome.bytes);
     resp->set_seconds(absl::ToDoubleSeconds(outcome.duration));
-    LogEvent("transfer", absl::StrCat("session=", SessionName(id), " target=",
-                                      target, " transfer=", outcome.transfer_id,
-                                      " bytes=", outcome.bytes));
+    LogEvent("transfer",
+             absl::StrCat("session=", SessionIdOf(id), " target=", target,
+                          " new_id=", resp->session_id(), " transfer=",
+                          outcome.transfer_id, " bytes=", outcome.bytes));
     reactor->Finish(grpc::Status::OK);
   });
   return reactor;

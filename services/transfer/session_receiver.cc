@@ -186,13 +186,14 @@ class ReceiveReactor final
                  grpc::CallbackServerContext* ctx,
                  absl::StatusOr<std::string> tenant, bool tenants_configured,
                  TransferObserver observer, NcclTransport* nccl,
-                 TcpTransport* tcp)
+                 TcpTransport* tcp, std::string replica)
       : store_(store),
         log_(log),
         tenants_configured_(tenants_configured),
         observer_(std::move(observer)),
         nccl_(nccl),
         tcp_(tcp),
+        replica_(std::move(replica)),
         deadline_(std::min(absl::FromChrono(ctx->deadline()),
                            absl::Now() + kSidePatience)),
         start_(absl::Now()) {
@@ -593,6 +594,7 @@ class ReceiveReactor final
 
   absl::Status Reply(v1::TransferReply::Phase phase) {
     reply_.set_phase(phase);
+    reply_.set_replica(replica_);
     reply_ready_ = true;
     return absl::OkStatus();
   }
@@ -603,6 +605,7 @@ class ReceiveReactor final
   const TransferObserver observer_;
   NcclTransport* const nccl_;  // may be null
   TcpTransport* const tcp_;    // may be null
+  const std::string replica_;  // this store's replica name, or empty
   const absl::Time deadline_;  // for the NCCL link and the data socket
   const absl::Time start_;
   int64_t bytes_ = 0;
@@ -630,9 +633,11 @@ class ReceiveReactor final
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewReceiveReactor(
     CacheStore* store, TransferLog* log, grpc::CallbackServerContext* ctx,
     absl::StatusOr<std::string> tenant, bool tenants_configured,
-    TransferObserver observer, NcclTransport* nccl, TcpTransport* tcp) {
+    TransferObserver observer, NcclTransport* nccl, TcpTransport* tcp,
+    std::string replica) {
   return new ReceiveReactor(store, log, ctx, std::move(tenant),
-                            tenants_configured, std::move(observer), nccl, tcp);
+                            tenants_configured, std::move(observer), nccl, tcp,
+                            std::move(replica));
 }
 
 int ReceiveSessionMethodIndex() {

@@ -28,11 +28,13 @@ namespace kvkeep {
 // A reactor for one ReceiveSession call from a caller of `tenant` (or the
 // error that authenticating it gave, with which the call ends). `nccl` and
 // `tcp` may be null (that transport is not taken here); `store`, `log` and
-// those must outlive the call.
+// those must outlive the call. `replica`: this store's replica name, which
+// READY and COMMITTED carry (TransferReply.replica).
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewReceiveReactor(
     CacheStore* store, TransferLog* log, grpc::CallbackServerContext* ctx,
     absl::StatusOr<std::string> tenant, bool tenants_configured,
-    TransferObserver observer, NcclTransport* nccl, TcpTransport* tcp);
+    TransferObserver observer, NcclTransport* nccl, TcpTransport* tcp,
+    std::string replica = "");
 
 // ReceiveSession's index among KvKeep's methods, and a handler for it that
 // makes raw reactors with `make`: a service derived from the generated

@@ -248,6 +248,7 @@ SendResult Send(const SessionSnapshot& snapshot, const SlotSource& source,
   call->StartReading();
   std::optional<v1::TransferReply> reply = call->AwaitReply();
   if (!reply.has_value()) return end("the target did not answer the header");
+  result.target_replica = reply->replica();
   if (reply->phase() == v1::TransferReply::COMMITTED) {  // a retry
     result.status = FromGrpcStatus(call->Finish(/*cancel=*/false));
     result.in_doubt = !result.status.ok();

@@ -89,6 +89,7 @@ struct SendResult {
   bool in_doubt = false;
   int64_t bytes = 0;
   Transport transport = Transport::kHost;  // how the pages went
+  std::string target_replica;              // TransferReply.replica, from READY
 };
 
 // Sends `state` (a snapshot without its bytes) and then its pages.

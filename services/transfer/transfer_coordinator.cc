@@ -101,7 +101,7 @@ TransferCoordinator::Receive(grpc::CallbackServerContext* ctx,
                              absl::StatusOr<std::string> tenant) {
   return NewReceiveReactor(store_, &log_, ctx, std::move(tenant),
                            options_.tenants_configured, options_.on_transfer,
-                           &nccl_, options_.tcp);
+                           &nccl_, options_.tcp, options_.replica);
 }
 
 absl::StatusOr<TransferCoordinator::Pool> TransferCoordinator::PoolOf(
@@ -258,6 +258,7 @@ TransferOutcome TransferCoordinator::Run(const OutgoingTransfer& transfer,
   }
   outcome.transport = sent.transport;
   outcome.bytes = sent.bytes;
+  outcome.target_replica = sent.target_replica;
   outcome.status = Settle(id, transfer_id, sent, &outcome.doubt);
   return outcome;
 }

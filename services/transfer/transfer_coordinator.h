@@ -45,7 +45,9 @@ namespace kvkeep {
 
 struct TransferOptions {
   int64_t max_message_bytes = 64 << 20;  // on the stream, each way
-  bool tenants_configured = false;       // a target checks the session's tenant
+  // This store's replica name, told to senders (TransferReply.replica).
+  std::string replica;
+  bool tenants_configured = false;  // a target checks the session's tenant
   // Told about every transfer sent or received (metrics); may be empty.
   TransferObserver on_transfer;
   // The data socket incoming transfers may use; null: they come in chunk
@@ -94,6 +96,9 @@ struct TransferOutcome {
   Transport transport = Transport::kHost;
   int64_t bytes = 0;
   absl::Duration duration;
+  // The target's replica name (TransferReply.replica); empty when it has
+  // none, or when a commit in doubt was settled by asking.
+  std::string target_replica;
 };
 
 class TransferCoordinator {

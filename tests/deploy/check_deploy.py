@@ -3,8 +3,9 @@
 
 One subcommand per ctest test (tests/deploy/CMakeLists.txt):
   k8s       renders a kustomize overlay (no errors, no warnings) and checks
-            that the Deployment, Service, ServiceMonitor and PDB agree with
-            the kvkeepd.json of the ConfigMap, and that kvkeepd accepts its
+            that the Deployment (or a fleet's StatefulSet and its headless
+            Service), Service, ServiceMonitor and PDB agree with the
+            kvkeepd.json of the ConfigMap, and that kvkeepd accepts its
             flags and starts on that config
   prometheus  promtool check config / check rules / test rules
   metrics   every metric the dashboard and the alerts use is one kvkeepd
@@ -150,6 +151,63 @@ def mounted_source(container, volumes, path):
     return volume, key
 
 
+# The pod name $(VAR)s from the downward API stand for when kvkeepd is
+# started on an overlay's args here.
+SAMPLE_POD_NAME = "kvkeepd-0"
+
+
+def expand_env(args, container):
+    """args with Kubernetes' $(VAR) references replaced as the kubelet would:
+    a literal env value, or SAMPLE_POD_NAME for the downward API's
+    metadata.name. Also returns {var: fieldPath} of the downward API vars."""
+    values, fields = {}, {}
+    for e in container.get("env", []):
+        if "value" in e:
+            values[e["name"]] = e["value"]
+        path = e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+        if path:
+            fields[e["name"]] = path
+            values[e["name"]] = (SAMPLE_POD_NAME if path == "metadata.name"
+                                 else f"sample-{path}")
+    expanded = [re.sub(r"\$\((\w+)\)",
+                       lambda m: values.get(m.group(1), m.group(0)), a)
+                for a in args]
+    return expanded, fields
+
+
+def check_fleet(p, workload, pod_labels, services, flags, fields, grpc_port):
+    """A StatefulSet fleet (docs/fleet.md): its serviceName is a headless
+    Service of its pods with the gRPC port; each replica's name is its pod's
+    (the downward API) and it advertises its name in that Service."""
+    service_name = workload["spec"].get("serviceName")
+    headless = [s for s in services if s["metadata"]["name"] == service_name]
+    if p.check(headless, f"the StatefulSet's serviceName {service_name!r} is "
+               "not a Service of its pods"):
+        s = headless[0]
+        p.check(s["spec"].get("clusterIP") == "None",
+                f"Service {service_name} is not headless (clusterIP: None): "
+                "pods would get no DNS names of their own")
+        p.check(any(port.get("port") == grpc_port
+                    for port in s["spec"].get("ports", [])),
+                f"Service {service_name} has no port {grpc_port} (gRPC)")
+    raw = dict(flags)
+    replica = raw.get("replica_name") or ""
+    m = re.fullmatch(r"\$\((\w+)\)", replica)
+    p.check(m and fields.get(m.group(1)) == "metadata.name",
+            f"--replica_name={replica!r}: a fleet's replica name must be the "
+            "pod's name, $(VAR) of an env var from the downward API "
+            "(fieldRef metadata.name)")
+    advertise = raw.get("advertise_address") or ""
+    want = f"{replica}.{service_name}"
+    host, _, port = advertise.rpartition(":")
+    p.check(host == want or host.startswith(want + "."),
+            f"--advertise_address={advertise!r}: should be the pod's name in "
+            f"the headless Service, {want}:{grpc_port}")
+    p.check(port == str(grpc_port),
+            f"--advertise_address={advertise!r}: port {port!r}, the gRPC "
+            f"port is {grpc_port}")
+
+
 def labels_match(selector, labels):
     return bool(selector) and all(labels.get(k) == v
                                   for k, v in selector.items())
@@ -178,10 +236,13 @@ def check_k8s(opts):
     named = {(d["kind"], d["metadata"]["name"]): d for d in docs}
 
     # (b) the pieces agree with each other and with kvkeepd.json.
-    deployments = by_kind.get("Deployment", [])
+    deployments = by_kind.get("Deployment", []) + by_kind.get("StatefulSet",
+                                                               [])
     if not p.check(len(deployments) == 1,
-                   f"expected one Deployment, got {len(deployments)}"):
+                   "expected one Deployment or StatefulSet, got "
+                   f"{len(deployments)}"):
         return p.exit_status(f"k8s {opts.overlay}")
+    fleet = deployments[0]["kind"] == "StatefulSet"
     pod_meta = deployments[0]["spec"]["template"]["metadata"]
     pod = deployments[0]["spec"]["template"]["spec"]
     pod_labels = pod_meta.get("labels", {})
@@ -194,7 +255,9 @@ def check_k8s(opts):
                          pod_labels),
             "the Deployment's selector does not match its pod labels")
 
-    flags = parse_args_flags(c.get("args", []))
+    raw_flags = parse_args_flags(c.get("args", []))
+    expanded_args, env_fields = expand_env(c.get("args", []), c)
+    flags = parse_args_flags(expanded_args)
     flag_values = dict(flags)
     known = kvkeepd_flags(opts.kvkeepd)
     for name, _ in flags:
@@ -292,6 +355,10 @@ def check_k8s(opts):
         metrics_service_ports.append(
             (s, {n for n, port in sp.items() if target_port(port) == metrics_port}))
 
+    if fleet:
+        check_fleet(p, deployments[0], pod_labels, services, raw_flags,
+                    env_fields, grpc_port)
+
     monitors = by_kind.get("ServiceMonitor", [])
     p.check(monitors, "no ServiceMonitor")
     for m in monitors:
@@ -373,6 +440,15 @@ def check_k8s(opts):
     p.check(grace > drain + pause,
             f"terminationGracePeriodSeconds {grace} <= drain_seconds {drain} "
             f"+ preStop pause {pause}: kvkeepd would be killed mid-drain")
+    if fleet:
+        # A draining replica moves its sessions away; the last move begun
+        # may take its whole time limit.
+        timeout = float(effective("transfer_timeout_seconds", 300))
+        p.check(grace > drain + pause + timeout,
+                f"terminationGracePeriodSeconds {grace} <= drain_seconds "
+                f"{drain} + preStop pause {pause} + transfer_timeout_seconds "
+                f"{timeout}: a replica could be killed while moving a "
+                "session away")
 
     # Memory: the pool is backed as it fills, so the limit must hold all of
     # it.

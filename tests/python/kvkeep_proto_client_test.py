@@ -394,7 +394,8 @@ class ProtoClientTest(unittest.TestCase):
         """
         created = self.create_h2o(budget, sinks, recent)
         sid = created.session_id
-        self.assertRegex(sid, r"^[0-9a-f]{16}$")
+        # "<replica>.<key>" (kvkeepd names itself after the host by default)
+        self.assertRegex(sid, r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?\.)?[0-9a-f]{16}$")
         layers = LAYOUT["num_layers"]
         self.assertEqual(list(created.layer_budgets), [budget] * layers)
         mirrors = [LayerMirror() for _ in range(layers)]

@@ -356,6 +356,29 @@ TEST(ServerConfigTest, LeaseKeys) {
               HasSubstr("max_idle_timeout_seconds has the wrong type"));
 }
 
+TEST(ServerConfigTest, FleetKeys) {
+  ServerConfig c = DefaultConfig();
+  EXPECT_EQ(c.replica_name, "");  // kvkeepd fills in the host name
+  ASSERT_TRUE(Apply(R"({"replica_name": "kvkeepd-2",
+                        "advertise_address": "kvkeepd-2.kvkeepd-fleet:50051"})",
+                    c)
+                  .ok());
+  EXPECT_EQ(c.replica_name, "kvkeepd-2");
+  EXPECT_EQ(c.advertise_address, "kvkeepd-2.kvkeepd-fleet:50051");
+  EXPECT_TRUE(ValidateConfig(c).ok());
+  for (const std::string bad : {"Kvkeepd-2", "kvkeepd_2", "-a", "a.b"}) {
+    c.replica_name = bad;
+    const absl::Status s = ValidateConfig(c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("replica_name")) << bad;
+  }
+  EXPECT_EQ(*ReplicaNameFromHost("Worker-7.example.com"), "worker-7");
+  const absl::StatusOr<std::string> bad = ReplicaNameFromHost("under_score");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()),
+              HasSubstr("set replica_name"));
+}
+
 TEST(ServerConfigTest, TheSelfChecksTenantNameIsReserved) {
   ServerConfig c = DefaultConfig();
   const absl::Status s =

@@ -51,7 +51,7 @@ class Layout(_message.Message):
     def __init__(self, name: _Optional[str] = ..., num_layers: _Optional[int] = ..., kv_heads: _Optional[int] = ..., query_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., page_tokens: _Optional[int] = ..., keys_pre_rope: _Optional[bool] = ..., page_bytes: _Optional[int] = ..., group_size: _Optional[int] = ..., append_dtype: _Optional[_Union[DType, str]] = ...) -> None: ...
 
 class Pool(_message.Message):
-    __slots__ = ("layout", "capacity_pages", "used_pages", "page_bytes", "sessions", "allocation_failures", "shared_pages", "page_references")
+    __slots__ = ("layout", "capacity_pages", "used_pages", "page_bytes", "sessions", "allocation_failures", "shared_pages", "page_references", "free_pages")
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_PAGES_FIELD_NUMBER: _ClassVar[int]
     USED_PAGES_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,7 @@ class Pool(_message.Message):
     ALLOCATION_FAILURES_FIELD_NUMBER: _ClassVar[int]
     SHARED_PAGES_FIELD_NUMBER: _ClassVar[int]
     PAGE_REFERENCES_FIELD_NUMBER: _ClassVar[int]
+    FREE_PAGES_FIELD_NUMBER: _ClassVar[int]
     layout: str
     capacity_pages: int
     used_pages: int
@@ -68,14 +69,15 @@ class Pool(_message.Message):
     allocation_failures: int
     shared_pages: int
     page_references: int
-    def __init__(self, layout: _Optional[str] = ..., capacity_pages: _Optional[int] = ..., used_pages: _Optional[int] = ..., page_bytes: _Optional[int] = ..., sessions: _Optional[int] = ..., allocation_failures: _Optional[int] = ..., shared_pages: _Optional[int] = ..., page_references: _Optional[int] = ...) -> None: ...
+    free_pages: int
+    def __init__(self, layout: _Optional[str] = ..., capacity_pages: _Optional[int] = ..., used_pages: _Optional[int] = ..., page_bytes: _Optional[int] = ..., sessions: _Optional[int] = ..., allocation_failures: _Optional[int] = ..., shared_pages: _Optional[int] = ..., page_references: _Optional[int] = ..., free_pages: _Optional[int] = ...) -> None: ...
 
 class GetServerInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("version", "backend", "layouts", "pools", "policies", "max_sessions", "max_message_bytes", "policy_info", "default_idle_timeout_seconds", "max_idle_timeout_seconds", "public_prefixes")
+    __slots__ = ("version", "backend", "layouts", "pools", "policies", "max_sessions", "max_message_bytes", "policy_info", "default_idle_timeout_seconds", "max_idle_timeout_seconds", "replica", "address", "public_prefixes")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     LAYOUTS_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +88,8 @@ class ServerInfo(_message.Message):
     POLICY_INFO_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_IDLE_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     MAX_IDLE_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PUBLIC_PREFIXES_FIELD_NUMBER: _ClassVar[int]
     version: str
     backend: str
@@ -97,8 +101,10 @@ class ServerInfo(_message.Message):
     policy_info: _containers.RepeatedCompositeFieldContainer[PolicyInfo]
     default_idle_timeout_seconds: float
     max_idle_timeout_seconds: float
+    replica: str
+    address: str
     public_prefixes: bool
-    def __init__(self, version: _Optional[str] = ..., backend: _Optional[str] = ..., layouts: _Optional[_Iterable[_Union[Layout, _Mapping]]] = ..., pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ..., policies: _Optional[_Iterable[str]] = ..., max_sessions: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., policy_info: _Optional[_Iterable[_Union[PolicyInfo, _Mapping]]] = ..., default_idle_timeout_seconds: _Optional[float] = ..., max_idle_timeout_seconds: _Optional[float] = ..., public_prefixes: _Optional[bool] = ...) -> None: ...
+    def __init__(self, version: _Optional[str] = ..., backend: _Optional[str] = ..., layouts: _Optional[_Iterable[_Union[Layout, _Mapping]]] = ..., pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ..., policies: _Optional[_Iterable[str]] = ..., max_sessions: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., policy_info: _Optional[_Iterable[_Union[PolicyInfo, _Mapping]]] = ..., default_idle_timeout_seconds: _Optional[float] = ..., max_idle_timeout_seconds: _Optional[float] = ..., replica: _Optional[str] = ..., address: _Optional[str] = ..., public_prefixes: _Optional[bool] = ...) -> None: ...
 
 class PolicyInfo(_message.Message):
     __slots__ = ("name", "summary", "input", "accepts_probabilities", "accepts_queries", "params", "budget_rule")
@@ -720,7 +726,7 @@ class NcclOffer(_message.Message):
     def __init__(self, link_id: _Optional[str] = ..., unique_id: _Optional[bytes] = ..., chunk_slots: _Optional[int] = ..., required: _Optional[bool] = ...) -> None: ...
 
 class TransferReply(_message.Message):
-    __slots__ = ("phase", "transport", "data_port", "data_ticket")
+    __slots__ = ("phase", "transport", "data_port", "data_ticket", "replica")
     class Phase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         PHASE_UNSPECIFIED: _ClassVar[TransferReply.Phase]
@@ -735,11 +741,13 @@ class TransferReply(_message.Message):
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     DATA_PORT_FIELD_NUMBER: _ClassVar[int]
     DATA_TICKET_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
     phase: TransferReply.Phase
     transport: str
     data_port: int
     data_ticket: bytes
-    def __init__(self, phase: _Optional[_Union[TransferReply.Phase, str]] = ..., transport: _Optional[str] = ..., data_port: _Optional[int] = ..., data_ticket: _Optional[bytes] = ...) -> None: ...
+    replica: str
+    def __init__(self, phase: _Optional[_Union[TransferReply.Phase, str]] = ..., transport: _Optional[str] = ..., data_port: _Optional[int] = ..., data_ticket: _Optional[bytes] = ..., replica: _Optional[str] = ...) -> None: ...
 
 class MapPoolRequest(_message.Message):
     __slots__ = ("layout", "session_id")

@@ -309,7 +309,14 @@ class KvKeepServicer:
         transfer has a time limit (transfer_timeout_seconds) when the caller
         gives no deadline; a caller's cancel or deadline aborts one that has not
         committed. Errors name the transfer id, also in the trailing metadata
-        kvkeep-transfer-id (docs/transfer.md). The session keeps its id.
+        kvkeep-transfer-id (docs/transfer.md). The session keeps its 64-bit
+        key; its id takes the target's replica name
+        (TransferSessionResponse.session_id). Calls on it here by its old id
+        then get NOT_FOUND "... moved to replica ..." with the trailing
+        metadata kvkeep-moved-to (the target's replica name, or its address
+        when it has none) and kvkeep-moved-to-address (the target as this call
+        named it), while this store remembers the move (its last 4096 moves);
+        the target also takes the old id. docs/fleet.md.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
