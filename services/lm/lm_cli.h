@@ -40,7 +40,8 @@ struct Setup {
   std::unique_ptr<LlamaModel> model;
   std::unique_ptr<Tokenizer> tokenizer;
   std::vector<std::unique_ptr<Sequence>> sequences;
-  std::string where;  // "kvkeepd ADDR (layout L, access)" or "local"
+  std::string where;      // "kvkeepd ADDR (layout L, access)" or "local"
+  std::string kv_format;  // KvFormat::Name() of the caches
   ModelConfig config;
   DType local_dtype = DType::kF32;             // --local
   std::optional<client::KvKeepClient> client;  // kvkeepd
@@ -71,6 +72,8 @@ absl::StatusOr<std::vector<std::unique_ptr<Sequence>>> OpenSequences(
 
 // kvkeep-lm answer (lm_answer_command.cc).
 absl::Status AnswerCommand();
+// kvkeep-lm quant-error (lm_quant_error.cc).
+absl::Status QuantErrorCommand();
 
 }  // namespace kvkeep::lm
 

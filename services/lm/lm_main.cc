@@ -10,6 +10,9 @@
 //   kvkeep-lm answer --server=... --tasks=TASKS.jsonl --runs="..."
 //       (each task's context + question through every run, then a greedy
 //       answer: exact match and the answer's log-probability, JSON Lines)
+//   kvkeep-lm quant-error --text=FILE --max_tokens=1024
+//       (each quantised format's error on the model's own K and V, per
+//       layer; no kvkeepd)
 //
 // docs/lm.md has the whole story: layouts, positions, what each flag does;
 // docs/lm-eval.md the evaluation that `answer` serves.
@@ -256,9 +259,9 @@ absl::StatusOr<StoreSequenceOptions> StoreOptionsFromFlags() {
   return o;
 }
 
-absl::Status Load(Setup& setup, DType dtype, PositionMode positions) {
+absl::Status Load(Setup& setup, const KvFormat& kv, PositionMode positions) {
   absl::StatusOr<std::unique_ptr<LlamaModel>> model =
-      LlamaModel::Load(*setup.file, dtype, positions);
+      LlamaModel::Load(*setup.file, kv, positions);
   if (!model.ok()) return model.status();
   setup.model = *std::move(model);
   return absl::OkStatus();
@@ -291,6 +294,7 @@ absl::Status Connect(Setup& setup) {
     absl::StatusOr<DType> dtype = LocalDType();
     if (!dtype.ok()) return dtype.status();
     setup.local_dtype = *dtype;
+    setup.kv_format = KvFormat(*dtype).Name();
     setup.where =
         absl::StrCat("local cache (", std::string(DTypeName(*dtype)), ")");
     return Load(setup, *dtype, *positions);
@@ -312,17 +316,18 @@ absl::Status Connect(Setup& setup) {
   absl::StatusOr<v1::Layout> layout =
       FindLayout(*info, *config, *positions, absl::GetFlag(FLAGS_layout));
   if (!layout.ok()) return layout.status();
-  absl::StatusOr<DType> dtype = DTypeOf(*layout);
-  if (!dtype.ok()) return dtype.status();
+  absl::StatusOr<KvFormat> format = FormatOf(*layout);
+  if (!format.ok()) return format.status();
   absl::StatusOr<StoreSequenceOptions> base = StoreOptionsFromFlags();
   if (!base.ok()) return base.status();
   base->layout = layout->name();
   setup.client.emplace(*std::move(client));
   setup.info = *std::move(info);
   setup.base = *base;
+  setup.kv_format = format->Name();
   setup.where = absl::StrCat("kvkeepd ", options.address, " (layout ",
-                             layout->name(), ", cache ");
-  return Load(setup, *dtype, *positions);
+                             layout->name(), " ", format->Name(), ", cache ");
+  return Load(setup, *format, *positions);
 }
 
 // One sequence per run, each for up to `tokens` tokens.
@@ -442,6 +447,7 @@ absl::Status Perplexity() {
                      {"decode_tokens_per_second",
                       r.decode_tokens / std::max(r.decode_seconds, 1e-9)},
                      {"cache", setup.where},
+                     {"kv_format", setup.kv_format},
                      {"positions", absl::GetFlag(FLAGS_positions)}});
     }
     std::printf("%s\n", out.dump(2).c_str());
@@ -528,7 +534,8 @@ absl::Status GenerateCommand() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "kvkeep-lm perplexity|generate|answer [flags]: SmolLM2 on the CPU with "
+      "kvkeep-lm perplexity|generate|answer|quant-error [flags]: SmolLM2 on "
+      "the CPU with "
       "its KV "
       "cache in kvkeepd (docs/lm.md)");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
@@ -540,10 +547,13 @@ int main(int argc, char** argv) {
     status = kvkeep::lm::GenerateCommand();
   } else if (command == "answer") {
     status = kvkeep::lm::AnswerCommand();
+  } else if (command == "quant-error") {
+    status = kvkeep::lm::QuantErrorCommand();
   } else {
-    std::fprintf(stderr,
-                 "usage: kvkeep-lm perplexity|generate|answer [flags] "
-                 "(kvkeep-lm --help)\n");
+    std::fprintf(
+        stderr,
+        "usage: kvkeep-lm perplexity|generate|answer|quant-error [flags] "
+        "(kvkeep-lm --help)\n");
     return 2;
   }
   if (!status.ok()) {
