@@ -98,8 +98,8 @@ enum class PositionMode { kOriginal, kCachePosition };
 //    are exactly what a later step reads back.
 struct KvFormat {
   // A float dtype is its own format.
-  KvFormat(DType dtype = DType::kF32)  // NOLINT(google-explicit-constructor)
-      : dtype(dtype), append_dtype(dtype) {}
+  KvFormat(DType type = DType::kF32)  // NOLINT(google-explicit-constructor)
+      : dtype(type), append_dtype(type) {}
   // A quantised dtype with its append dtype and group size.
   static KvFormat Quantized(DType dtype, DType append_dtype,
                             int32_t group_size);
