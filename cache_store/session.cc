@@ -14,6 +14,18 @@ namespace {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// What an append stores: the request itself, or for a quantised layout its
+// records (INVALID_ARGUMENT naming the session for a value they cannot hold).
+absl::StatusOr<AppendRequest> StoredForm(AppendQuantizer& quantizer,
+                                         const ModelLayout& layout,
+                                         SessionId id,
+                                         const AppendRequest& request) {
+  if (!IsQuantized(layout.dtype)) return request;
+  absl::StatusOr<AppendRequest> records = quantizer.Quantize(layout, request);
+  if (!records.ok()) return InSession(id, records.status());
+  return records;
+}
+
 // Attention the store computed itself, from the keys it holds. A key a client
 // appended may hold NaN or infinity (the store keeps bytes as sent), and a
 // logit may overflow float; either makes its whole softmax row NaN. Such a
@@ -387,19 +399,12 @@ absl::Status Session::ValidateAppend(const AppendRequest& request) const {
 absl::StatusOr<StepResult> Session::Append(const AppendRequest& request) {
   if (!device_error_.ok()) return device_error_;
   if (absl::Status s = ValidateAppend(request); !s.ok()) return s;
-  AppendRequest stored = request;
-  if (IsQuantized(layout_.dtype)) {
-    // All of it before any page moves: a refused value leaves no trace.
-    absl::StatusOr<AppendRequest> records =
-        quantizer_.Quantize(layout_, request);
-    if (!records.ok()) {
-      return absl::Status(records.status().code(),
-                          SessionMessage(id_, records.status().message()));
-    }
-    stored = *records;
-  }
+  // All of it before any page moves: a refused value leaves no trace.
+  absl::StatusOr<AppendRequest> stored =
+      StoredForm(quantizer_, layout_, id_, request);
+  if (!stored.ok()) return stored.status();
   StepResult result;
-  const absl::Status s = ApplyAppend(stored, result);
+  const absl::Status s = ApplyAppend(*stored, result);
   RunBatch();
   ReleaseSpare();
   if (!device_error_.ok()) return device_error_;
@@ -704,6 +709,9 @@ absl::Status Session::Step(const AppendRequest& append,
   // changes nothing.
   if (!device_error_.ok()) return device_error_;
   if (absl::Status s = ValidateAppend(append); !s.ok()) return s;
+  absl::StatusOr<AppendRequest> stored =  // as Append
+      StoredForm(quantizer_, layout_, id_, append);
+  if (!stored.ok()) return stored.status();
   AttentionScratch& scratch = ThreadScratch();
   const int64_t growth = static_cast<int64_t>(append.positions.size());
   if (absl::Status s =
@@ -716,7 +724,7 @@ absl::Status Session::Step(const AppendRequest& append,
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = ApplyAppend(append, out.append); !s.ok()) return s;
+  if (absl::Status s = ApplyAppend(*stored, out.append); !s.ok()) return s;
   FinishAttention(scores, scratch.row_ptrs);
   ApplyAttention(scores, scratch.row_ptrs, /*compress=*/false, out.scores);
   ReleaseSpare();

@@ -75,10 +75,12 @@ std::vector<std::byte> Records(const ModelLayout& l, int32_t layer,
 }
 
 // Appends positions [first, first + n) with data from TokenBytes, or with
-// `poison` at (layer 1, values, token 2) when given.
+// `poison` at (layer 1, values, token 2) when given; through Append, or as
+// the append of a decode step (Step, no scores) when `step`.
 absl::StatusOr<StepResult> Append(CacheStore& store, SessionId id,
                                   const ModelLayout& l, int64_t first,
-                                  int64_t n, const float* poison = nullptr) {
+                                  int64_t n, const float* poison = nullptr,
+                                  bool step = false) {
   std::vector<int64_t> positions(n);
   for (int64_t i = 0; i < n; ++i) positions[i] = first + i;
   std::vector<std::vector<std::byte>> keys, values;
@@ -93,6 +95,12 @@ absl::StatusOr<StepResult> Append(CacheStore& store, SessionId id,
   }
   for (int32_t layer = 0; layer < l.num_layers; ++layer) {
     layers.push_back(LayerKv{keys[layer], values[layer]});
+  }
+  if (step) {
+    absl::StatusOr<StepOutcome> out =
+        store.Step(id, AppendRequest{positions, layers}, {});
+    if (!out.ok()) return out.status();
+    return out->append;
   }
   return store.Append(id, AppendRequest{positions, layers});
 }
@@ -149,6 +157,32 @@ TEST(QuantizedStoreTest, AppendStoresTheRecordsOfTheInput) {
     const absl::Status wrong = store->ReadLayerAs(id, 0, other).status();
     EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument) << wrong;
     EXPECT_THAT(std::string(wrong.message()), HasSubstr("the layout stores"));
+  }
+}
+
+// A decode step's append (the Decode stream's path) is quantised as Append
+// is: it once stored the first token_bytes of each appended token unchanged.
+TEST(QuantizedStoreTest, DecodeStepsStoreTheRecordsOfTheInput) {
+  std::unique_ptr<CacheStore> store = MakeStore();
+  ASSERT_NE(store, nullptr);
+  for (DType d : kFormats) {
+    SCOPED_TRACE(DTypeName(d));
+    const ModelLayout l = Quantised(d);
+    KV_ASSIGN_OR_FAIL(SessionId id, FullSessionOf(*store, l, 3));
+    for (int64_t pos = 3; pos < 9; ++pos) {
+      KV_ASSERT_OK(Append(*store, id, l, pos, 1, nullptr, /*step=*/true));
+    }
+    KV_ASSERT_OK(Append(*store, id, l, 9, 4, nullptr, /*step=*/true));
+    ExpectRecordsFollowTokens(*store, id, l);
+    KV_ASSIGN_OR_FAIL(SessionStats before, store->GetStats(id));
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const absl::Status s = Append(*store, id, l, 13, 4, &nan, true).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr("layer 1 values of token 2 (position 15)"));
+    KV_ASSIGN_OR_FAIL(SessionStats after, store->GetStats(id));
+    EXPECT_EQ(after.resident_tokens, before.resident_tokens);
+    EXPECT_EQ(after.pages, before.pages);
   }
 }
 

@@ -3,14 +3,17 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
+#include "kernels/quantize.h"
 
 namespace kvkeep::lm {
 
-ContiguousKv::ContiguousKv(const ModelConfig& config, DType dtype,
+ContiguousKv::ContiguousKv(const ModelConfig& config, const KvFormat& format,
                            int64_t capacity_tokens)
     : capacity_tokens_(capacity_tokens),
-      token_bytes_(int64_t{config.kv_heads} * config.head_dim *
-                   DTypeBytes(dtype)),
+      layout_(format.Layout(config)),
+      append_dtype_(format.append_dtype),
+      token_bytes_(layout_.token_bytes()),
+      append_bytes_(layout_.token_elements() * DTypeBytes(append_dtype_)),
       arenas_(config.layers,
               std::vector<std::byte>(2 * capacity_tokens * token_bytes_)) {}
 
@@ -27,18 +30,31 @@ absl::Status ContiguousKv::Append(const SequenceStep& step) {
     return absl::InvalidArgumentError("ContiguousKv: step has no layers' keys");
   }
   for (size_t l = 0; l < arenas_.size(); ++l) {
-    if (static_cast<int64_t>(step.keys[l].size()) != n * token_bytes_ ||
+    if (static_cast<int64_t>(step.keys[l].size()) != n * append_bytes_ ||
         step.values[l].size() != step.keys[l].size()) {
       return absl::InvalidArgumentError(
           absl::StrFormat("ContiguousKv: layer %d keys are %d bytes, want %d",
-                          l, step.keys[l].size(), n * token_bytes_));
+                          l, step.keys[l].size(), n * append_bytes_));
     }
   }
   for (size_t l = 0; l < arenas_.size(); ++l) {
     std::byte* keys = arenas_[l].data() + resident() * token_bytes_;
-    std::memcpy(keys, step.keys[l].data(), step.keys[l].size());
-    std::memcpy(keys + capacity_tokens_ * token_bytes_, step.values[l].data(),
-                step.values[l].size());
+    std::byte* values = keys + capacity_tokens_ * token_bytes_;
+    if (!IsQuantized(layout_.dtype)) {
+      std::memcpy(keys, step.keys[l].data(), step.keys[l].size());
+      std::memcpy(values, step.values[l].data(), step.values[l].size());
+      continue;
+    }
+    // Past the resident slots: a refusal leaves nothing visible.
+    if (!QuantizeTokens(layout_, append_dtype_, step.keys[l].data(), n, keys)
+             .ok() ||
+        !QuantizeTokens(layout_, append_dtype_, step.values[l].data(), n,
+                        values)
+             .ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("ContiguousKv: layer %d holds a value %s cannot", l,
+                          std::string(DTypeName(layout_.dtype))));
+    }
   }
   positions_.insert(positions_.end(), step.positions.begin(),
                     step.positions.end());

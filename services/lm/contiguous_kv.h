@@ -21,7 +21,10 @@ namespace kvkeep::lm {
 
 class ContiguousKv : public KvSource {
  public:
-  ContiguousKv(const ModelConfig& config, DType dtype, int64_t capacity_tokens);
+  // A float format holds the bytes a step hands back; a quantised one the
+  // token records the CPU twin makes of them (what kvkeepd would store).
+  ContiguousKv(const ModelConfig& config, const KvFormat& format,
+               int64_t capacity_tokens);
 
   // Appends the new keys and values a Forward wrote into `step`, with their
   // positions. OUT_OF_RANGE (nothing appended) past the capacity;
@@ -40,7 +43,10 @@ class ContiguousKv : public KvSource {
 
  private:
   int64_t capacity_tokens_;
-  int64_t token_bytes_;
+  PageLayout layout_;  // page_tokens unused
+  DType append_dtype_;
+  int64_t token_bytes_;                         // one token's keys as held
+  int64_t append_bytes_;                        // ... as a step hands them back
   std::vector<std::vector<std::byte>> arenas_;  // [layer]
   std::vector<int64_t> positions_;              // [resident]
   static constexpr int32_t kPage[1] = {0};

@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/quantize.h"
 #include "services/common/dtype_proto.h"
 
 namespace kvkeep::lm {
@@ -55,10 +56,6 @@ absl::StatusOr<PolicyNeeds> NeedsOf(
   return absl::NotFoundError(absl::StrCat(
       "the server does not describe policy '", policy,
       "' in ServerInfo.policy_info (kvkeep info lists its policies)"));
-}
-
-int64_t TokenBytes(const ModelConfig& config, DType dtype) {
-  return int64_t{config.kv_heads} * config.head_dim * DTypeBytes(dtype);
 }
 
 class LocalSequence final : public Sequence {
@@ -138,16 +135,18 @@ AttentionOutput OutputOf(ScoreForm form) {
 class StoreSequence final : public Sequence {
  public:
   StoreSequence(client::Session session, client::BlockTableMirror mirror,
-                const StoreSequenceOptions& options, int64_t token_bytes,
-                const PolicyNeeds& needs)
-      : session_(std::move(session)),
+                const StoreSequenceOptions& options, const PageLayout& layout,
+                DType append_dtype, const PolicyNeeds& needs)
+      : layout_(layout),
+        append_dtype_(append_dtype),
+        session_(std::move(session)),
         stream_(session_.Decode()),
         mirror_(std::move(mirror)),
         input_(needs.input),
         scores_(options.scores),
         window_(needs.window),
         label_(options.label) {
-    slots_.emplace(mirror_.num_layers(), token_bytes);
+    slots_.emplace(mirror_.num_layers(), layout_.token_bytes());
   }
 
   // Reads the pool in place instead of mirroring bytes.
@@ -237,16 +236,51 @@ class StoreSequence final : public Sequence {
   absl::Status Follow(const v1::DecodeStepResult& result,
                       const SequenceStep& step) {
     absl::Status s = mirror_.ApplyDecode(result, step.positions);
-    if (s.ok() && slots_) {
+    if (s.ok() && slots_ && IsQuantized(layout_.dtype)) {
+      std::vector<std::string> keys, values;
+      s = Quantize(step, &keys, &values);
+      if (s.ok()) {
+        s = slots_->Apply(result.append(), step.positions, keys, values);
+      }
+    } else if (s.ok() && slots_) {
       s = slots_->Apply(result.append(), step.positions, step.keys,
                         step.values);
-      if (s.ok()) s = slots_->Apply(result.scores());
     }
+    if (s.ok() && slots_) s = slots_->Apply(result.scores());
     if (s.ok() && mapped_) s = mapped_->Check();
     if (!s.ok()) {
       return Annotate(absl::InternalError(
           absl::StrCat("the store's reply does not fit this worker's cache: ",
                        s.message())));
+    }
+    return absl::OkStatus();
+  }
+
+  // A quantised layout's mirror holds the records the store made of what
+  // the step sent: the same CPU twin makes the same bytes.
+  absl::Status Quantize(const SequenceStep& step,
+                        std::vector<std::string>* keys,
+                        std::vector<std::string>* values) const {
+    const int64_t n = static_cast<int64_t>(step.positions.size());
+    const int64_t in_bytes =
+        layout_.token_elements() * DTypeBytes(append_dtype_);
+    for (size_t l = 0; l < step.keys.size(); ++l) {
+      for (int kind = 0; kind < 2; ++kind) {
+        const std::string& in = kind == 0 ? step.keys[l] : step.values[l];
+        std::string& out = (kind == 0 ? keys : values)->emplace_back();
+        if (static_cast<int64_t>(in.size()) != n * in_bytes) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("layer ", l, ": ", in.size(), " bytes for ", n,
+                           " tokens of ", in_bytes));
+        }
+        out.resize(n * layout_.token_bytes());
+        if (!QuantizeTokens(layout_, append_dtype_, in.data(), n,
+                            reinterpret_cast<std::byte*>(out.data()))
+                 .ok()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("layer ", l, ": a token the store would refuse"));
+        }
+      }
     }
     return absl::OkStatus();
   }
@@ -281,6 +315,8 @@ class StoreSequence final : public Sequence {
     return Follow(as_step, none);
   }
 
+  const PageLayout layout_;  // of the session's cache (page_tokens unused)
+  const DType append_dtype_;
   client::Session session_;
   client::DecodeStream stream_;
   client::BlockTableMirror mirror_;
@@ -302,18 +338,16 @@ std::unique_ptr<Sequence> NewLocalSequence(const ModelConfig& config,
                                          capacity_tokens);
 }
 
-absl::StatusOr<DType> DTypeOf(const v1::Layout& layout) {
+absl::StatusOr<KvFormat> FormatOf(const v1::Layout& layout) {
   absl::StatusOr<DType> dtype = DTypeFromProto(layout.dtype());
-  if (dtype.ok() && IsQuantized(*dtype)) {
-    return absl::UnimplementedError(absl::StrCat(
-        "layout ", layout.name(), ": kvkeep-lm does not read ",
-        std::string(DTypeName(*dtype)), " pages yet (docs/quantization.md)"));
-  }
-  if (!dtype.ok()) {
+  absl::StatusOr<DType> append = DTypeFromProto(AppendDTypeOf(layout));
+  if (!dtype.ok() || !append.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("layout ", layout.name(), ": ", dtype.status().message()));
+        absl::StrCat("layout ", layout.name(), ": ",
+                     (dtype.ok() ? append : dtype).status().message()));
   }
-  return dtype;
+  if (!IsQuantized(*dtype)) return KvFormat(*dtype);
+  return KvFormat::Quantized(*dtype, *append, layout.group_size());
 }
 
 absl::StatusOr<v1::Layout> FindLayout(const v1::ServerInfo& info,
@@ -376,13 +410,13 @@ absl::StatusOr<std::unique_ptr<Sequence>> NewStoreSequence(
     return absl::FailedPreconditionError(
         "query scores need keys stored after RoPE (--positions=original)");
   }
-  absl::StatusOr<DType> dtype = DTypeOf(session->layout());
-  if (!dtype.ok()) return dtype.status();
+  absl::StatusOr<KvFormat> format = FormatOf(session->layout());
+  if (!format.ok()) return format.status();
   absl::StatusOr<client::BlockTableMirror> mirror = session->Mirror();
   if (!mirror.ok()) return mirror.status();
-  auto sequence =
-      std::make_unique<StoreSequence>(*session, *std::move(mirror), options,
-                                      TokenBytes(config, *dtype), *needs);
+  auto sequence = std::make_unique<StoreSequence>(
+      *session, *std::move(mirror), options, format->Layout(config),
+      format->append_dtype, *needs);
   if (options.access != CacheAccess::kMirror) {
     absl::StatusOr<v1::MapPoolResponse> pool = session->MapPool();
     absl::StatusOr<std::unique_ptr<MappedPool>> mapped =

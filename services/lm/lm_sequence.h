@@ -1,10 +1,11 @@
 // One sequence of kvkeep-lm and where its KV cache lives: in the worker
 // (LocalSequence, --local: the baseline that measures what the store costs)
 // or in a kvkeepd session (StoreSequence), whose policy evicts as the
-// sequence grows. A forward pass (model.h) reads the sequence's cache(),
-// computes the attention() the policy takes, and Commit hands the step's new
-// keys, values and attention to the cache; afterwards cache() holds exactly
-// what the cache kept.
+// sequence grows; its layout may be quantised (the store quantises what the
+// worker appends, the worker reads the records through the CPU twin). A forward
+// pass (model.h) reads the sequence's cache(), computes the attention() the
+// policy takes, and Commit hands the step's new keys, values and attention to
+// the cache; afterwards cache() holds exactly what the cache kept.
 //
 // A StoreSequence sends every step on one Decode stream (its tokens, then,
 // for a policy that scores by attention, each layer's attention at the
@@ -111,9 +112,10 @@ absl::StatusOr<v1::Layout> FindLayout(const v1::ServerInfo& info,
                                       const ModelConfig& config,
                                       PositionMode positions,
                                       const std::string& name = "");
-// The layout's element type (DTypeFromProto, with the layout's name in the
-// error).
-absl::StatusOr<DType> DTypeOf(const v1::Layout& layout);
+// The layout's KV format: its dtype, and for a quantised one the append
+// dtype and group size (INVALID_ARGUMENT naming the layout for a dtype this
+// build does not know).
+absl::StatusOr<KvFormat> FormatOf(const v1::Layout& layout);
 
 }  // namespace kvkeep::lm
 

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kernels/quantize.h"
 #include "services/lm/model_ops.h"
 
 namespace kvkeep::lm {
@@ -87,8 +88,8 @@ std::vector<float> Concat(std::initializer_list<const std::vector<float>*> in) {
   return out;
 }
 
-absl::Status CheckView(const ModelConfig& c, DType dtype, const ResidentKv& v,
-                       size_t seq, int32_t layer) {
+absl::Status CheckView(int64_t token_bytes, const ResidentKv& v, size_t seq,
+                       int32_t layer) {
   auto bad = [&](std::string_view what) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "sequence %d layer %d: resident view %s", seq, layer, what));
@@ -101,8 +102,6 @@ absl::Status CheckView(const ModelConfig& c, DType dtype, const ResidentKv& v,
   if (v.arena == nullptr || v.page_tokens <= 0) {
     return bad("has no arena or page_tokens <= 0");
   }
-  const int64_t token_bytes =
-      int64_t{c.kv_heads} * c.head_dim * DTypeBytes(dtype);
   if (v.page_bytes < 2 * v.page_tokens * token_bytes) {
     return bad(absl::StrFormat("has page_bytes %d < 2 * %d tokens * %d",
                                v.page_bytes, v.page_tokens, token_bytes));
@@ -119,7 +118,7 @@ absl::Status CheckView(const ModelConfig& c, DType dtype, const ResidentKv& v,
 }
 
 // views: [sequence][layer], filled from each cache in layer order.
-absl::Status CheckBatch(const ModelConfig& c, DType dtype,
+absl::Status CheckBatch(const ModelConfig& c, const KvFormat& kv,
                         absl::Span<const SequenceStep> batch,
                         std::vector<std::vector<ResidentKv>>* views) {
   views->resize(batch.size());
@@ -144,7 +143,8 @@ absl::Status CheckBatch(const ModelConfig& c, DType dtype,
     if (step.cache == nullptr) return bad("no cache");
     for (int32_t l = 0; l < c.layers; ++l) {
       (*views)[b].push_back(step.cache->Layer(l));
-      if (absl::Status s = CheckView(c, dtype, (*views)[b].back(), b, l);
+      if (absl::Status s =
+              CheckView(kv.Layout(c).token_bytes(), (*views)[b].back(), b, l);
           !s.ok()) {
         return s;
       }
@@ -158,11 +158,12 @@ absl::Status CheckBatch(const ModelConfig& c, DType dtype,
 // [row0_[b], row0_[b] + n_b).
 class ForwardPass {
  public:
-  ForwardPass(const ModelConfig& c, DType dtype, PositionMode mode,
+  ForwardPass(const ModelConfig& c, const KvFormat& kv, PositionMode mode,
               const ModelWeights& w, absl::Span<SequenceStep> batch,
               std::vector<std::vector<ResidentKv>> views,
               ForwardProfile* profile);
-  void Run();
+  // INVALID_ARGUMENT when a quantised format cannot hold a new token.
+  absl::Status Run();
 
  private:
   int64_t n(size_t b) const {
@@ -178,12 +179,13 @@ class ForwardPass {
   };
   GroupAttentionArgs Args(int32_t layer, size_t b, int32_t g, int64_t first,
                           int64_t last);
-  void Attention(int32_t layer);
-  void PrepareStep(int32_t layer, size_t b);
+  absl::Status Attention(int32_t layer);
+  absl::Status PrepareStep(int32_t layer, size_t b);
   void Gather(int32_t layer, size_t b, int32_t g);
   void Attend(int32_t layer, const Task& task);
   void Combine(int32_t layer, size_t b, int32_t g);
   void SumHeads(int32_t layer);
+  absl::Status QuantizeStep(int32_t layer, size_t b);
   // Whether sequence b's attention reads its slots once into keys_ and
   // values_ (many passes over them) or streams them from the cache.
   bool Tiled(size_t b) const {
@@ -197,17 +199,20 @@ class ForwardPass {
               int64_t in, int64_t out, bool accumulate, float* y);
 
   const ModelConfig& c_;
-  const DType dtype_;
+  const KvFormat kv_;
+  const PageLayout layout_;  // of the cache (page_tokens unused)
+  const bool quantized_;
   const PositionMode mode_;
   const ModelWeights& w_;
   absl::Span<SequenceStep> batch_;
   const std::vector<std::vector<ResidentKv>> views_;  // [b][layer]
   ForwardProfile* profile_;
 
-  const int64_t q_width_;    // query_heads * head_dim
-  const int64_t kv_width_;   // kv_heads * head_dim
-  const int64_t qkv_width_;  // q_width_ + 2 kv_width_
-  const int64_t token_bytes_;
+  const int64_t q_width_;       // query_heads * head_dim
+  const int64_t kv_width_;      // kv_heads * head_dim
+  const int64_t qkv_width_;     // q_width_ + 2 kv_width_
+  const int64_t token_bytes_;   // one token's keys in the cache
+  const int64_t append_bytes_;  // ... in the step's output (append_dtype)
   std::vector<int64_t> row0_;
   int64_t total_ = 0;
   std::vector<float> x_;     // [total][embed], the residual stream
@@ -226,14 +231,20 @@ class ForwardPass {
   std::vector<std::vector<internal::StreamPartial>> partials_;
   // Per sequence, kReduced: [query_heads][n][resident + n].
   std::vector<std::vector<float>> probs_;
+  // Per sequence, a quantised format: this layer's new keys and values as
+  // the cache's records ([n][token_bytes]), what the attention reads.
+  std::vector<std::vector<std::byte>> key_records_, value_records_;
 };
 
-ForwardPass::ForwardPass(const ModelConfig& c, DType dtype, PositionMode mode,
-                         const ModelWeights& w, absl::Span<SequenceStep> batch,
+ForwardPass::ForwardPass(const ModelConfig& c, const KvFormat& kv,
+                         PositionMode mode, const ModelWeights& w,
+                         absl::Span<SequenceStep> batch,
                          std::vector<std::vector<ResidentKv>> views,
                          ForwardProfile* profile)
     : c_(c),
-      dtype_(dtype),
+      kv_(kv),
+      layout_(kv.Layout(c)),
+      quantized_(IsQuantized(kv.dtype)),
       mode_(mode),
       w_(w),
       batch_(batch),
@@ -242,7 +253,8 @@ ForwardPass::ForwardPass(const ModelConfig& c, DType dtype, PositionMode mode,
       q_width_(int64_t{c.query_heads} * c.head_dim),
       kv_width_(int64_t{c.kv_heads} * c.head_dim),
       qkv_width_(q_width_ + 2 * kv_width_),
-      token_bytes_(kv_width_ * DTypeBytes(dtype)) {
+      token_bytes_(layout_.token_bytes()),
+      append_bytes_(kv_width_ * DTypeBytes(kv.append_dtype)) {
   for (size_t b = 0; b < batch_.size(); ++b) {
     row0_.push_back(total_);
     total_ += n(b);
@@ -258,9 +270,11 @@ ForwardPass::ForwardPass(const ModelConfig& c, DType dtype, PositionMode mode,
   ranks_.resize(batch_.size());
   probs_.resize(batch_.size());
   partials_.resize(batch_.size());
+  key_records_.resize(quantized_ ? batch_.size() : 0);
+  value_records_.resize(key_records_.size());
 }
 
-void ForwardPass::Run() {
+absl::Status ForwardPass::Run() {
   for (size_t b = 0; b < batch_.size(); ++b) {
     SequenceStep& step = batch_[b];
     for (int64_t i = 0; i < n(b); ++i) {
@@ -273,10 +287,11 @@ void ForwardPass::Run() {
         step.attention == AttentionOutput::kNone ? 0 : c_.layers, {});
   }
   for (int32_t l = 0; l < c_.layers; ++l) {
-    Attention(l);
+    if (absl::Status s = Attention(l); !s.ok()) return s;
     FeedForward(l);
   }
   Logits();
+  return absl::OkStatus();
 }
 
 void ForwardPass::Linear(const float* x, int64_t rows,
@@ -314,7 +329,7 @@ void ForwardPass::Linear(const float* x, int64_t rows,
   profile_->products.push_back({rows, in, out, 1, seconds});
 }
 
-void ForwardPass::Attention(int32_t layer) {
+absl::Status ForwardPass::Attention(int32_t layer) {
   const LayerWeights& lw = w_.layers[layer];
   internal::RmsNorm(x_.data(), lw.attn_norm.data(), total_, c_.embed,
                     c_.rms_eps, h_.data());
@@ -323,7 +338,7 @@ void ForwardPass::Attention(int32_t layer) {
   const Clock::time_point start = Clock::now();
   bool any_tiled = false;
   for (size_t b = 0; b < batch_.size(); ++b) {
-    PrepareStep(layer, b);
+    if (absl::Status s = PrepareStep(layer, b); !s.ok()) return s;
     any_tiled |= Tiled(b);
   }
   const int32_t kv = c_.kv_heads;
@@ -353,6 +368,7 @@ void ForwardPass::Attention(int32_t layer) {
   SumHeads(layer);
   if (profile_ != nullptr) profile_->attention_seconds += SecondsSince(start);
   Linear(attn_.data(), total_, lw.wo, q_width_, c_.embed, true, x_.data());
+  return absl::OkStatus();
 }
 
 // Reads kv head g's slots of sequence b, if Tiled, into keys_ / values_.
@@ -438,14 +454,15 @@ void ForwardPass::SumHeads(int32_t layer) {
 }
 
 // Rotates the sequence's new queries (and keys, kOriginal), rounds its keys
-// and values into the step's outputs, and sizes this layer's buffers.
-void ForwardPass::PrepareStep(int32_t layer, size_t b) {
+// and values into the step's outputs (and quantises them into records for a
+// quantised format), and sizes this layer's buffers.
+absl::Status ForwardPass::PrepareStep(int32_t layer, size_t b) {
   SequenceStep& step = batch_[b];
   const ResidentKv& view = views_[b][layer];
   const int64_t total = view.resident + n(b);
   std::string& keys = step.keys[layer];
   std::string& values = step.values[layer];
-  keys.resize(n(b) * token_bytes_);
+  keys.resize(n(b) * append_bytes_);
   values.resize(keys.size());
   for (int64_t i = 0; i < n(b); ++i) {
     float* q = &qkv_[(row0_[b] + i) * qkv_width_];
@@ -456,8 +473,8 @@ void ForwardPass::PrepareStep(int32_t layer, size_t b) {
                     c_.query_heads, q);
     if (original) w_.rope->Rotate(step.positions[i], c_.kv_heads, k);
     for (int64_t e = 0; e < kv_width_; ++e) {
-      StoreFromFloat(dtype_, &keys[i * token_bytes_], e, k[e]);
-      StoreFromFloat(dtype_, &values[i * token_bytes_], e, v[e]);
+      StoreFromFloat(kv_.append_dtype, &keys[i * append_bytes_], e, k[e]);
+      StoreFromFloat(kv_.append_dtype, &values[i * append_bytes_], e, v[e]);
     }
     if (step.attention == AttentionOutput::kQueries) {
       step.attention_out[layer].insert(step.attention_out[layer].end(), q,
@@ -477,36 +494,71 @@ void ForwardPass::PrepareStep(int32_t layer, size_t b) {
         (total + internal::kStreamChunk - 1) / internal::kStreamChunk;
     partials_[b].resize(c_.kv_heads * chunks);
   }
+  if (quantized_) {
+    if (absl::Status s = QuantizeStep(layer, b); !s.ok()) return s;
+  }
   std::vector<int64_t>& rank = ranks_[b];
   rank.clear();
-  if (mode_ != PositionMode::kCachePosition) return;
+  if (mode_ != PositionMode::kCachePosition) return absl::OkStatus();
   const absl::Span<const int64_t> pos = view.positions;
-  if (std::is_sorted(pos.begin(), pos.end())) return;
+  if (std::is_sorted(pos.begin(), pos.end())) return absl::OkStatus();
   std::vector<int64_t> order(pos.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t x, int64_t y) { return pos[x] < pos[y]; });
   rank.resize(pos.size());
   for (size_t r = 0; r < order.size(); ++r) rank[order[r]] = r;
+  return absl::OkStatus();
+}
+
+absl::Status ForwardPass::QuantizeStep(int32_t layer, size_t b) {
+  const SequenceStep& step = batch_[b];
+  key_records_[b].resize(n(b) * token_bytes_);
+  value_records_[b].resize(n(b) * token_bytes_);
+  for (int kind = 0; kind < 2; ++kind) {
+    const std::string& in = kind == 0 ? step.keys[layer] : step.values[layer];
+    std::vector<std::byte>& out =
+        kind == 0 ? key_records_[b] : value_records_[b];
+    const QuantizeResult r =
+        QuantizeTokens(layout_, kv_.append_dtype, in.data(), n(b), out.data());
+    if (!r.ok()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sequence %d layer %d: %s of token %d (position %d), group at "
+          "element %d: %s for %s",
+          b, layer, kind == 0 ? "key" : "value", r.token,
+          step.positions[r.token], r.element,
+          r.error == QuantError::kNonFinite ? "not finite"
+                                            : "too large for a binary16 scale",
+          kv_.Name()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 internal::SlotSource ForwardPass::Slots(int32_t layer, size_t b,
                                         int32_t g) const {
   const ResidentKv& view = views_[b][layer];
   internal::SlotSource src;
-  src.dtype = dtype_;
+  src.dtype = kv_.dtype;
   src.head_dim = c_.head_dim;
   src.arena = view.arena;
   src.pages = view.pages.data();
   src.page_tokens = std::max(view.page_tokens, 1);
   src.page_bytes = view.page_bytes;
   src.token_bytes = token_bytes_;
-  src.head_offset = int64_t{g} * c_.head_dim * DTypeBytes(dtype_);
   src.resident = view.resident;
-  src.new_keys =
-      reinterpret_cast<const std::byte*>(batch_[b].keys[layer].data());
-  src.new_values =
-      reinterpret_cast<const std::byte*>(batch_[b].values[layer].data());
+  if (quantized_) {  // whole records, head g read through the twin
+    src.quantized = &layout_;
+    src.head = g;
+    src.new_keys = key_records_[b].data();
+    src.new_values = value_records_[b].data();
+  } else {
+    src.head_offset = int64_t{g} * c_.head_dim * DTypeBytes(kv_.dtype);
+    src.new_keys =
+        reinterpret_cast<const std::byte*>(batch_[b].keys[layer].data());
+    src.new_values =
+        reinterpret_cast<const std::byte*>(batch_[b].values[layer].data());
+  }
   if (mode_ == PositionMode::kCachePosition) {
     src.rope = w_.rope.get();
     src.ranks = ranks_[b].empty() ? nullptr : ranks_[b].data();
@@ -562,7 +614,7 @@ void ForwardPass::Logits() {
 struct LlamaModel::Weights : ModelWeights {};
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(
-    const GgufFile& file, DType kv_dtype, PositionMode positions) {
+    const GgufFile& file, const KvFormat& kv, PositionMode positions) {
   absl::StatusOr<ModelConfig> config = ModelConfig::FromGguf(file);
   if (!config.ok()) return config.status();
   Tensors tensors;
@@ -573,13 +625,14 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(
     if (!values.ok()) return values.status();
     tensors[name] = *std::move(values);
   }
-  return FromTensors(*config, std::move(tensors), kv_dtype, positions);
+  return FromTensors(*config, std::move(tensors), kv, positions);
 }
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromTensors(
-    const ModelConfig& config, Tensors tensors, DType kv_dtype,
+    const ModelConfig& config, Tensors tensors, const KvFormat& kv,
     PositionMode positions) {
   if (absl::Status s = config.Check(); !s.ok()) return s;
+  if (absl::Status s = kv.Check(config); !s.ok()) return s;
   std::map<std::string, std::vector<float>> t;
   for (const auto& [name, shape] : config.TensorShapes()) {
     absl::StatusOr<std::vector<float>> values = Take(tensors, name, shape);
@@ -613,7 +666,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromTensors(
   openblas_set_num_threads(1);
   std::unique_ptr<LlamaModel> model(new LlamaModel());
   model->config_ = config;
-  model->kv_dtype_ = kv_dtype;
+  model->kv_ = kv;
   model->positions_ = positions;
   model->weights_ = std::move(w);
   return model;
@@ -625,13 +678,16 @@ absl::Status LlamaModel::Forward(absl::Span<SequenceStep> batch,
                                  ForwardProfile* profile) const {
   const Clock::time_point start = Clock::now();
   std::vector<std::vector<ResidentKv>> views;
-  if (absl::Status s = CheckBatch(config_, kv_dtype_, batch, &views); !s.ok()) {
+  if (absl::Status s = CheckBatch(config_, kv_, batch, &views); !s.ok()) {
     return s;
   }
   if (batch.empty()) return absl::OkStatus();
-  ForwardPass(config_, kv_dtype_, positions_, *weights_, batch,
-              std::move(views), profile)
-      .Run();
+  if (absl::Status s = ForwardPass(config_, kv_, positions_, *weights_, batch,
+                                   std::move(views), profile)
+                           .Run();
+      !s.ok()) {
+    return s;
+  }
   if (profile != nullptr) profile->total_seconds += SecondsSince(start);
   return absl::OkStatus();
 }

@@ -48,6 +48,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/dtype.h"
+#include "kernels/page_layout.h"
 #include "services/lm/gguf.h"
 
 namespace kvkeep::lm {
@@ -85,14 +86,47 @@ struct ModelConfig {
 
 enum class PositionMode { kOriginal, kCachePosition };
 
+// How the KV cache holds a token, and what a step hands back to it.
+//  - f32, f16, bf16: the cache holds the elements the step hands back
+//    (append_dtype == dtype).
+//  - int8, fp8_e4m3, int4 (a kvkeepd layout with that dtype): the step hands
+//    back append_dtype elements (f32, f16 or bf16), the store quantises them
+//    into token records (kernels/quant_format.h) with groups of group_size
+//    elements, and the resident slots are read through the CPU twin
+//    (kernels/quantize.h's WidenHead). The forward pass quantises the step's
+//    own tokens with the same twin before its attention reads them, so they
+//    are exactly what a later step reads back.
+struct KvFormat {
+  // A float dtype is its own format.
+  KvFormat(DType type = DType::kF32)  // NOLINT(google-explicit-constructor)
+      : dtype(type), append_dtype(type) {}
+  // A quantised dtype with its append dtype and group size.
+  static KvFormat Quantized(DType dtype, DType append_dtype,
+                            int32_t group_size);
+
+  DType dtype;
+  DType append_dtype;
+  int32_t group_size = 0;
+
+  // The cache's page layout for `config` (page_tokens left 0).
+  PageLayout Layout(const ModelConfig& config) const;
+  // "bf16", "int4/g32 (from bf16)".
+  std::string Name() const;
+  // INVALID_ARGUMENT unless it holds together for `config`: a float
+  // append_dtype, equal to dtype when that is a float; for a quantised
+  // dtype a group_size dividing head_dim (int4: even).
+  absl::Status Check(const ModelConfig& config) const;
+};
+
 // One layer's resident tokens of one sequence, in slot order, as a paged
 // cache lays them out (kernels/page_layout.h): slot s's keys are the
 // kv_heads * head_dim elements of `dtype` at
 //   arena + pages[s / page_tokens] * page_bytes
 //         + (s % page_tokens) * token_bytes
-// and its values page_tokens * token_bytes further (token_bytes = kv_heads *
-// head_dim * DTypeBytes(dtype)). A contiguous cache is one page holding
-// every slot.
+// and its values page_tokens * token_bytes further (token_bytes: the
+// format's PageLayout::token_bytes(), kv_heads * head_dim * DTypeBytes(dtype)
+// for a float dtype, the record size for a quantised one). A contiguous cache
+// is one page holding every slot.
 struct ResidentKv {
   const std::byte* arena = nullptr;
   absl::Span<const int32_t> pages;
@@ -144,8 +178,8 @@ struct SequenceStep {
   bool no_logits = false;   // none at all (nobody reads this step's): faster
 
   // Out, per layer: the new tokens' keys and values ([n][kv_heads][head_dim]
-  // of the cache dtype, little-endian; keys after RoPE for kOriginal, before
-  // it for kCachePosition) and the requested attention.
+  // of the format's append_dtype, little-endian; keys after RoPE for kOriginal,
+  // before it for kCachePosition) and the requested attention.
   std::vector<std::string> keys;
   std::vector<std::string> values;
   std::vector<std::vector<float>> attention_out;
@@ -183,27 +217,31 @@ class LlamaModel {
   //   [embed][ffn].
   using Tensors = std::map<std::string, std::vector<float>, std::less<>>;
 
-  // Reads the config and dequantises every weight. `dtype`: the KV cache's
-  // element type (new keys and values are rounded to it before the step's
-  // own attention uses them, exactly as a later step reads them back).
+  // Reads the config and dequantises every weight. `kv`: the KV cache's
+  // format (new keys and values are rounded, or quantised, to it before the
+  // step's own attention uses them, exactly as a later step reads them
+  // back). INVALID_ARGUMENT for a format that does not fit the model.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(
-      const GgufFile& file, DType kv_dtype, PositionMode positions);
+      const GgufFile& file, const KvFormat& kv, PositionMode positions);
   // Builds a model from `config` and float32 `tensors` (consumed): what Load
   // does after dequantising, and how tests make a tiny random model without
   // a file. INVALID_ARGUMENT naming a missing tensor or one of the wrong
   // size, or a config that does not hold together.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> FromTensors(
-      const ModelConfig& config, Tensors tensors, DType kv_dtype,
+      const ModelConfig& config, Tensors tensors, const KvFormat& kv,
       PositionMode positions);
 
   const ModelConfig& config() const { return config_; }
-  DType kv_dtype() const { return kv_dtype_; }
+  DType kv_dtype() const { return kv_.dtype; }
+  const KvFormat& kv_format() const { return kv_; }
   PositionMode position_mode() const { return positions_; }
 
   // Runs the batch's new tokens through every layer at once (one matrix
   // product per weight for all of them). INVALID_ARGUMENT (nothing computed)
   // for a token id out of range, mismatched tokens/positions, a negative
-  // position, a missing cache or a view whose shape does not fit. With
+  // position, a missing cache or a view whose shape does not fit;
+  // INVALID_ARGUMENT also when a quantised format cannot hold a new key or
+  // value (not finite, or past a binary16 scale). With
   // `profile`, adds this call's times to it.
   absl::Status Forward(absl::Span<SequenceStep> batch,
                        ForwardProfile* profile = nullptr) const;
@@ -215,7 +253,7 @@ class LlamaModel {
   struct Weights;
 
   ModelConfig config_;
-  DType kv_dtype_ = DType::kF32;
+  KvFormat kv_;
   PositionMode positions_ = PositionMode::kOriginal;
   std::unique_ptr<Weights> weights_;
 };

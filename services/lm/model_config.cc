@@ -1,5 +1,6 @@
 // ModelConfig (model.h): the hyper-parameters read from a GGUF file's
-// llama.* metadata and checked against its tensors.
+// llama.* metadata and checked against its tensors; KvFormat, the KV cache's
+// format for such a model.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -163,6 +164,53 @@ absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& file) {
     }
   }
   return c;
+}
+
+KvFormat KvFormat::Quantized(DType dtype, DType append_dtype,
+                             int32_t group_size) {
+  KvFormat f(dtype);
+  f.append_dtype = append_dtype;
+  f.group_size = group_size;
+  return f;
+}
+
+PageLayout KvFormat::Layout(const ModelConfig& config) const {
+  PageLayout layout;
+  layout.kv_heads = config.kv_heads;
+  layout.head_dim = config.head_dim;
+  layout.dtype = dtype;
+  layout.group_size = IsQuantized(dtype) ? group_size : 0;
+  return layout;
+}
+
+std::string KvFormat::Name() const {
+  if (!IsQuantized(dtype)) return std::string(DTypeName(dtype));
+  return absl::StrCat(std::string(DTypeName(dtype)), "/g", group_size,
+                      " (from ", std::string(DTypeName(append_dtype)), ")");
+}
+
+absl::Status KvFormat::Check(const ModelConfig& config) const {
+  if (IsQuantized(append_dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV format ", Name(), ": the append dtype must be f32, f16 or bf16"));
+  }
+  if (!IsQuantized(dtype)) {
+    if (append_dtype != dtype) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KV format ", std::string(DTypeName(dtype)),
+                       ": appended as ", std::string(DTypeName(append_dtype)),
+                       " (a float cache takes its own dtype)"));
+    }
+    return absl::OkStatus();
+  }
+  if (group_size <= 0 || config.head_dim % group_size != 0 ||
+      (dtype == DType::kInt4 && group_size % 2 != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV format ", Name(), ": group size ", group_size,
+                     " does not divide head_dim ", config.head_dim,
+                     dtype == DType::kInt4 ? " into even groups" : ""));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace kvkeep::lm

@@ -352,7 +352,7 @@ void ToFloat(DType dtype, const std::byte* src, int64_t count, float* out) {
       }
       return;
     }
-    default:  // quantised pages are never handed to the model (lm_sequence)
+    default:  // quantised records are read through WidenHead (SlotSource)
       std::memset(out, 0, static_cast<size_t>(count) * sizeof(float));
       return;
   }
@@ -515,7 +515,7 @@ void StreamingPartial(const GroupAttentionArgs& a, const SlotSource& slots,
         PrefetchRow(sc.value_at[k + kPrefetchSlots] - slots.head_offset,
                     slots.token_bytes);
       }
-      ToFloat(slots.dtype, sc.value_at[k], hd, row);
+      slots.Widen(sc.value_at[k], row);
       std::fill(row + hd, row + stride, 0.0f);
       sc.rows[k] = row;
     }

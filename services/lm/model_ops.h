@@ -22,6 +22,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/dtype.h"
+#include "kernels/quantize.h"
 
 namespace kvkeep::lm::internal {
 
@@ -111,8 +112,11 @@ class RopeTable {
 
 // Where one kv head's slots of one sequence are, in slot order: the
 // resident slots in a paged cache (model.h's ResidentKv), then the step's
-// new tokens. Elements are of `dtype`; keys are rotated at use when `rope`
-// is set (kCachePosition). A plain view; reading it is thread-safe.
+// new tokens. Elements are of `dtype` (a float dtype), or every slot is a
+// whole quantised token record of `quantized`'s layout of which head `head`
+// is read through the CPU twin (kernels/quantize.h's WidenHead); keys are
+// rotated at use when `rope` is set (kCachePosition). A plain view; reading
+// it is thread-safe.
 struct SlotSource {
   DType dtype = DType::kF32;
   int32_t head_dim = 0;
@@ -125,6 +129,9 @@ struct SlotSource {
   int64_t page_bytes = 0;
   int64_t token_bytes = 0;  // all kv heads of a token
   int64_t head_offset = 0;  // bytes from a token's keys to this head's
+  // Quantised records (head_offset 0): their layout, and the head read.
+  const PageLayout* quantized = nullptr;
+  int32_t head = 0;
   int64_t resident = 0;
   // The step's token i (slot resident + i): new_keys + i * token_bytes +
   // head_offset, and the same in new_values.
@@ -152,7 +159,7 @@ struct SlotSource {
     if (dtype == DType::kF32 && rope == nullptr) {
       return reinterpret_cast<const float*>(bytes);
     }
-    ToFloat(dtype, bytes, head_dim, buf);
+    Widen(bytes, buf);
     if (rope != nullptr) {
       rope->Rotate(s < resident && ranks != nullptr ? ranks[s] : s, 1, buf);
     }
@@ -160,8 +167,17 @@ struct SlotSource {
   }
   const float* Value(const std::byte* bytes, float* buf) const {
     if (dtype == DType::kF32) return reinterpret_cast<const float*>(bytes);
-    ToFloat(dtype, bytes, head_dim, buf);
+    Widen(bytes, buf);
     return buf;
+  }
+  // The head's head_dim elements at `bytes` (KeyBytes / ValueBytes) as
+  // float32 into out.
+  void Widen(const std::byte* bytes, float* out) const {
+    if (quantized != nullptr) {
+      WidenHead(*quantized, bytes, head, out);
+    } else {
+      ToFloat(dtype, bytes, head_dim, out);
+    }
   }
   // keys[k] = KeyBytes(first + k) and values[k] = ValueBytes(first + k)
   // for k in [0, count), a page at a time (no division per slot).

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/quantize.h"
 #include "nlohmann/json.hpp"
 #include "services/lm/contiguous_kv.h"
 #include "services/lm/gguf.h"
@@ -427,7 +428,7 @@ std::vector<double> NaiveForward(const ModelConfig& c,
                 c.tied_output ? "token_embd.weight" : "output.weight", e);
 }
 
-std::unique_ptr<LlamaModel> TinyModel(DType dtype, PositionMode mode,
+std::unique_ptr<LlamaModel> TinyModel(const KvFormat& dtype, PositionMode mode,
                                       bool tied = false, uint32_t seed = 7) {
   const ModelConfig c = TinyConfig(tied);
   absl::StatusOr<std::unique_ptr<LlamaModel>> m =
@@ -602,10 +603,20 @@ TEST(TinyModelTest, LongCachesDecodeLikeOneLongPrefill) {
   }
 }
 
+// The quantised formats of kvkeepd layouts for the tiny model (head_dim 8):
+// groups of 4 elements, appended as f32 or bf16.
+std::vector<KvFormat> QuantizedFormats() {
+  return {KvFormat::Quantized(DType::kInt8, DType::kF32, 4),
+          KvFormat::Quantized(DType::kFp8E4M3, DType::kBF16, 4),
+          KvFormat::Quantized(DType::kInt4, DType::kF32, 4)};
+}
+
 TEST(TinyModelTest, PagedViewsAreBitIdenticalToContiguousOnes) {
   const std::vector<int32_t> tokens = RandomTokens(26, 97, 3);
   const std::vector<int64_t> positions = Iota(0, tokens.size());
-  for (DType dtype : {DType::kF32, DType::kBF16}) {
+  std::vector<KvFormat> formats = QuantizedFormats();
+  formats.insert(formats.begin(), {DType::kF32, DType::kBF16});
+  for (const KvFormat& dtype : formats) {
     for (PositionMode mode :
          {PositionMode::kOriginal, PositionMode::kCachePosition}) {
       std::unique_ptr<LlamaModel> model = TinyModel(dtype, mode);
@@ -633,6 +644,62 @@ TEST(TinyModelTest, PagedViewsAreBitIdenticalToContiguousOnes) {
       }
     }
   }
+}
+
+// A quantised cache holds the CPU twin's records of what the step handed
+// back (in the append dtype), and a later step reads them back as the step
+// itself saw its own tokens: one chunk equals token-by-token steps.
+TEST(TinyModelTest, QuantizedCachesReadBackWhatTheStepSaw) {
+  const std::vector<int32_t> tokens = RandomTokens(20, 97, 5);
+  const std::vector<int64_t> positions = Iota(0, tokens.size());
+  for (const KvFormat& format : QuantizedFormats()) {
+    for (PositionMode mode :
+         {PositionMode::kOriginal, PositionMode::kCachePosition}) {
+      SCOPED_TRACE(format.Name());
+      std::unique_ptr<LlamaModel> model = TinyModel(format, mode);
+      ASSERT_NE(model, nullptr);
+      const PageLayout layout = format.Layout(model->config());
+      ContiguousKv chunk_cache(model->config(), format, 32);
+      ContiguousKv step_cache(model->config(), format, 32);
+      const SequenceStep chunk =
+          Step(*model, chunk_cache, tokens, positions, 0, 20);
+      ASSERT_EQ(chunk.keys[1].size(),
+                20 * layout.token_elements() * DTypeBytes(format.append_dtype));
+      std::vector<std::byte> records(20 * layout.token_bytes());
+      ASSERT_TRUE(QuantizeTokens(layout, format.append_dtype,
+                                 chunk.keys[1].data(), 20, records.data())
+                      .ok());
+      const std::vector<std::byte>& arena = chunk_cache.arena(1);
+      EXPECT_TRUE(std::equal(records.begin(), records.end(), arena.begin()));
+      for (int64_t i = 0; i < 20; ++i) {
+        const SequenceStep one =
+            Step(*model, step_cache, tokens, positions, i, 1);
+        const std::vector<float> want(chunk.logits.begin() + i * 97,
+                                      chunk.logits.begin() + (i + 1) * 97);
+        ASSERT_LT(MaxAbsDiff(one.logits, want), 1e-4) << "token " << i;
+      }
+    }
+  }
+}
+
+// The step's own tokens go through the format as the cache would hold
+// them: a quantised cache's logits move away from f32's, by more for int4
+// than for int8.
+TEST(TinyModelTest, QuantizedFormatsChangeTheLogitsByTheirPrecision) {
+  const std::vector<int32_t> tokens = RandomTokens(20, 97, 6);
+  const std::vector<int64_t> positions = Iota(0, tokens.size());
+  auto logits = [&](const KvFormat& f) {
+    std::unique_ptr<LlamaModel> model = TinyModel(f, PositionMode::kOriginal);
+    ContiguousKv cache(model->config(), f, 32);
+    return Step(*model, cache, tokens, positions, 0, 20).logits;
+  };
+  const std::vector<float> f32 = logits(DType::kF32);
+  const double int8 = MaxAbsDiff(
+      logits(KvFormat::Quantized(DType::kInt8, DType::kF32, 4)), f32);
+  const double int4 = MaxAbsDiff(
+      logits(KvFormat::Quantized(DType::kInt4, DType::kF32, 4)), f32);
+  EXPECT_GT(int8, 0);
+  EXPECT_LT(int8, int4);
 }
 
 TEST(TinyModelTest, PositionModesAgreeWhenNothingWasEvicted) {
