@@ -111,14 +111,18 @@ absl::Duration ImportedIdleTimeout(const LeaseOptions& options,
 void ExpiredSessions::Add(SessionId id, std::string tenant,
                           absl::Duration idle_timeout) {
   if (capacity_ <= 0) return;
+  // An id remembered already keeps its place (evicting for it would shrink
+  // the memory by one).
+  if (auto it = records_.find(id); it != records_.end()) {
+    it->second = Record{std::move(tenant), idle_timeout};
+    return;
+  }
   if (static_cast<int64_t>(order_.size()) >= capacity_) {
     records_.erase(order_.front());
     order_.pop_front();
   }
-  if (records_.insert_or_assign(id, Record{std::move(tenant), idle_timeout})
-          .second) {
-    order_.push_back(id);
-  }
+  records_.emplace(id, Record{std::move(tenant), idle_timeout});
+  order_.push_back(id);
 }
 
 const ExpiredSessions::Record* ExpiredSessions::Find(SessionId id) const {

@@ -515,6 +515,20 @@ TEST_F(LeaseTest, TheMemoryOfExpiredIdsIsBounded) {
   EXPECT_EQ(remembered, 2);
 }
 
+TEST(ExpiredSessionsTest, AnIdAddedAgainKeepsTheOthers) {
+  ExpiredSessions expired(2);
+  expired.Add(1, "t", absl::Seconds(5));
+  expired.Add(2, "t", absl::Seconds(5));
+  expired.Add(2, "u", absl::Seconds(7));  // full: nothing need go for it
+  EXPECT_NE(expired.Find(1), nullptr);
+  ASSERT_NE(expired.Find(2), nullptr);
+  EXPECT_EQ(expired.Find(2)->tenant, "u");
+  expired.Add(3, "t", absl::Seconds(5));  // the oldest goes
+  EXPECT_EQ(expired.Find(1), nullptr);
+  EXPECT_NE(expired.Find(2), nullptr);
+  EXPECT_NE(expired.Find(3), nullptr);
+}
+
 // Reaping runs while other sessions work (a race for the sanitizers): the
 // busy sessions have long leases, so exactly the idle ones go.
 TEST_F(LeaseTest, ExpiringWhileOtherSessionsWorkFreesExactlyTheIdleOnes) {
