@@ -23,6 +23,7 @@
 #include "cache_store/cache_store.h"
 #include "grpcpp/security/credentials.h"
 #include "kvkeep/v1/kvkeep.grpc.pb.h"
+#include "services/events/event_bus.h"
 #include "services/transfer/page_transport.h"
 #include "services/transfer/session_state.h"
 #include "services/transfer/tcp_transport.h"
@@ -68,7 +69,15 @@ struct ServiceOptions {
   absl::Duration peer_keepalive = absl::Seconds(10);
   int transfer_resolve_attempts = 12;
   absl::Duration transfer_resolve_wait = absl::Seconds(1);
+  // WatchEvents (docs/events.md): the ring, the summary interval, the
+  // metrics observer. The service fills pool_use from the store if unset.
+  EventBusOptions events;
 };
+
+// options.events, with the store's pools as the pressure sampler unless
+// it has one. `store` must outlive the bus.
+EventBusOptions EventOptionsFor(const ServiceOptions& options,
+                                const CacheStore* store);
 
 // The trailing metadata that names a TransferSession's transfer id, on
 // success and on every error once the id is known.
@@ -122,6 +131,9 @@ class KvKeepService final : public v1::KvKeep::CallbackService {
   grpc::ServerUnaryReactor* TransferSession(
       grpc::CallbackServerContext* ctx, const v1::TransferSessionRequest* req,
       v1::TransferSessionResponse* resp) override;
+  grpc::ServerWriteReactor<v1::WatchEventsResponse>* WatchEvents(
+      grpc::CallbackServerContext* ctx,
+      const v1::WatchEventsRequest* req) override;
 
   // The drain's part for transfers (TransferCoordinator::Drain): those still
   // sending at `deadline` are cancelled, before the gRPC server's own
@@ -154,11 +166,15 @@ class KvKeepService final : public v1::KvKeep::CallbackService {
   // Logs a failed call (when log_events) and maps its status.
   grpc::Status Finish(absl::string_view method, const absl::Status& status);
   void LogEvent(absl::string_view event, absl::string_view fields) const;
+  // Publishes that session `id` arrived by a transfer (its stats, now).
+  void PublishMovedIn(SessionId id);
   // The line for a session whose lease ran out, written whether or not
   // log_events is on.
   void LogExpired(const ExpiredSession& session) const;
 
   CacheStore& store() { return *store_; }
+  // The events WatchEvents serves (the lease reaper and the drain use it).
+  EventBus& events() { return events_; }
   const ServiceOptions& options() const { return options_; }
 
  private:
@@ -171,6 +187,8 @@ class KvKeepService final : public v1::KvKeep::CallbackService {
 
   CacheStore* const store_;
   const ServiceOptions options_;
+  // Before transfers_: their callbacks publish.
+  EventBus events_;
   // Last: its destructor waits for sends whose callbacks use the rest.
   TransferCoordinator transfers_;
 };
