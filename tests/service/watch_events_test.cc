@@ -82,6 +82,18 @@ std::unique_ptr<client::KvKeepClient> Connect(const testing::TestServer& s,
   return std::make_unique<client::KvKeepClient>(*std::move(c));
 }
 
+// A watch of `kinds` (every kind when empty) from now, started: the server
+// watches once this returns.
+client::EventWatch Watching(const client::KvKeepClient& c,
+                            std::vector<v1::EventKind> kinds = {}) {
+  v1::WatchEventsRequest request;
+  for (v1::EventKind kind : kinds) request.add_kinds(kind);
+  client::EventWatch watch = c.WatchEvents(request);
+  const absl::Status started = watch.Start();
+  EXPECT_TRUE(started.ok()) << started;
+  return watch;
+}
+
 absl::StatusOr<client::Session> Create(const client::KvKeepClient& c,
                                        const std::string& policy = "window",
                                        int64_t budget = 8,
@@ -146,8 +158,7 @@ TEST(WatchEventsTest, EveryEventOnceInOrderAcrossAReconnect) {
   auto server = StartServer(256, NoTicks());
   ASSERT_NE(server, nullptr);
   auto c = Connect(*server);
-  client::EventWatch watch = c->WatchEvents();
-  KV_ASSERT_OK(watch.Start());
+  client::EventWatch watch = Watching(*c);
   const uint64_t start = watch.last_sequence();
 
   KV_ASSIGN_OR_FAIL(const client::Session a, Create(*c));
@@ -189,8 +200,7 @@ TEST(WatchEventsTest, AResumeFromASequenceNoLongerHeldIsOutOfRange) {
     KV_ASSIGN_OR_FAIL(const client::Session s, Create(*c));
     KV_ASSERT_OK(s.Close());
   }
-  client::EventWatch watch = c->WatchEvents();
-  KV_ASSERT_OK(watch.Start());
+  client::EventWatch watch = Watching(*c);
   ASSERT_EQ(watch.last_sequence(), 20);
   const uint64_t incarnation = watch.incarnation();
 
@@ -242,8 +252,7 @@ TEST(WatchEventsTest, AWatcherThatStopsReadingIsDroppedWhileOthersGoOn) {
   v1::WatchEventsResponse message;
   ASSERT_TRUE(slow->Read(&message));  // watching from here; then no reads
 
-  client::EventWatch good = c->WatchEvents();
-  KV_ASSERT_OK(good.Start());
+  client::EventWatch good = Watching(*c);
   KV_ASSIGN_OR_FAIL(const client::Session decoding, Create(*c));
   ASSERT_EQ(Read(good, 1)[0].kind(), v1::EVENT_SESSION_CREATED);
   // 8000 events of about 70 bytes: far past the slow watcher's window and
@@ -282,10 +291,7 @@ TEST(WatchEventsTest, EvictionSummariesAreBatchedAndAddUpToTheStoreCounts) {
   auto server = StartServer(256, NoTicks());
   ASSERT_NE(server, nullptr);
   auto c = Connect(*server);
-  v1::WatchEventsRequest request;
-  request.add_kinds(v1::EVENT_EVICTIONS);
-  client::EventWatch watch = c->WatchEvents(request);
-  KV_ASSERT_OK(watch.Start());
+  client::EventWatch watch = Watching(*c, {v1::EVENT_EVICTIONS});
   KV_ASSIGN_OR_FAIL(const client::Session s, Create(*c, "window", 8));
   KV_ASSERT_OK(s.AppendPrefill(Tokens(s, 0, 30)));
   ASSERT_NO_FATAL_FAILURE(DecodeSteps(s, 30, 300));
@@ -317,10 +323,8 @@ TEST(WatchEventsTest, ATenantSeesOnlyItsOwnSessions) {
   ASSERT_NE(server, nullptr);
   auto a = Connect(*server, "token-a");
   auto b = Connect(*server, "token-b");
-  client::EventWatch watch_a = a->WatchEvents();
-  client::EventWatch watch_b = b->WatchEvents();
-  KV_ASSERT_OK(watch_a.Start());
-  KV_ASSERT_OK(watch_b.Start());
+  client::EventWatch watch_a = Watching(*a);
+  client::EventWatch watch_b = Watching(*b);
   KV_ASSIGN_OR_FAIL(const client::Session sb, Create(*b));
   KV_ASSERT_OK(sb.Append(Tokens(sb, 0, 20)));
   KV_ASSERT_OK(sb.Close());
@@ -350,10 +354,7 @@ TEST(WatchEventsTest, PoolPressureCrossesItsThresholds) {
   auto server = StartServer(40, options);
   ASSERT_NE(server, nullptr);
   auto c = Connect(*server);
-  v1::WatchEventsRequest request;
-  request.add_kinds(v1::EVENT_POOL_PRESSURE);
-  client::EventWatch watch = c->WatchEvents(request);
-  KV_ASSERT_OK(watch.Start());
+  client::EventWatch watch = Watching(*c, {v1::EVENT_POOL_PRESSURE});
   // 2 layers of 4-token pages: 64 tokens take 32 of the 40 pages (8 free,
   // 20%: LOW); 76 take 38 (2 free, 5%: CRITICAL).
   KV_ASSIGN_OR_FAIL(const client::Session s, Create(*c, "full", 1000));
@@ -383,10 +384,8 @@ TEST(WatchEventsTest, AMoveIsMovedOutHereAndMovedInThere) {
   ASSERT_NE(target, nullptr);
   auto from = Connect(*source);
   auto to = Connect(*target);
-  client::EventWatch out = from->WatchEvents();
-  client::EventWatch in = to->WatchEvents();
-  KV_ASSERT_OK(out.Start());
-  KV_ASSERT_OK(in.Start());
+  client::EventWatch out = Watching(*from);
+  client::EventWatch in = Watching(*to);
   KV_ASSIGN_OR_FAIL(const client::Session s, Create(*from));
   KV_ASSERT_OK(s.Append(Tokens(s, 0, 12)));
   v1::TransferSessionRequest request;
@@ -412,8 +411,7 @@ TEST(WatchEventsTest, AnExpiredSessionIsAnEvent) {
   auto server = StartServer(256, NoTicks(), {}, &clock);
   ASSERT_NE(server, nullptr);
   auto c = Connect(*server);
-  client::EventWatch watch = c->WatchEvents();
-  KV_ASSERT_OK(watch.Start());
+  client::EventWatch watch = Watching(*c);
   KV_ASSIGN_OR_FAIL(const client::Session s, Create(*c, "window", 8, 5));
   KV_ASSERT_OK(s.Append(Tokens(s, 0, 10)));
   clock.Advance(absl::Seconds(6));  // the reaper closes it (1 s wakes)
@@ -427,8 +425,7 @@ TEST(WatchEventsTest, TheDrainEndsWatchStreams) {
   auto server = StartServer(256, NoTicks());
   ASSERT_NE(server, nullptr);
   auto c = Connect(*server);
-  client::EventWatch watch = c->WatchEvents();
-  KV_ASSERT_OK(watch.Start());
+  client::EventWatch watch = Watching(*c);
   server->Stop(absl::Seconds(30));
   ExpectError(watch.Next(), absl::StatusCode::kUnavailable, {"shutting down"});
 }
