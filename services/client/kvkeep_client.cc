@@ -674,6 +674,10 @@ absl::StatusOr<v1::KeepAliveResponse> KvKeepClient::KeepAlive(
   return client::KeepAlive(*connection_, session_id);
 }
 
+EventWatch KvKeepClient::WatchEvents(v1::WatchEventsRequest request) const {
+  return EventWatch(connection_, std::move(request));
+}
+
 absl::StatusOr<std::vector<v1::SessionStats>> KvKeepClient::ListSessions()
     const {
   v1::ListSessionsResponse response;

@@ -48,6 +48,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "kvkeep/v1/kvkeep.grpc.pb.h"
+#include "services/client/event_watch.h"
 
 namespace kvkeep::client {
 
@@ -371,6 +372,10 @@ class KvKeepClient {
   // ClientOptions::deadline: raise it for large sessions.
   absl::StatusOr<v1::TransferSessionResponse> TransferSession(
       v1::TransferSessionRequest request) const;
+  // The server's events (WatchEvents; request.kinds filters them; a resume
+  // point in it is where the first Start resumes). Not started: call
+  // EventWatch::Start. Its deadline is ClientOptions::stream_deadline.
+  EventWatch WatchEvents(v1::WatchEventsRequest request = {}) const;
 
   // The generated stub, for what this class does not wrap. The caller sets
   // metadata and deadlines itself.

@@ -151,6 +151,7 @@ absl::Status KvKeepServer::Build(ServerHooks& hooks) {
   metrics_ = std::make_unique<StoreMetrics>(
       *registry_, config_.metrics_session_series, KVKEEP_VERSION);
   transfer_metrics_ = std::make_unique<TransferMetrics>(*registry_);
+  event_metrics_ = std::make_unique<EventMetrics>(*registry_);
   StoreOptions store_options =
       StoreOptionsFor(config_, device_, metrics_.get());
   store_options.lease.clock = hooks.clock;
@@ -170,6 +171,7 @@ absl::Status KvKeepServer::Build(ServerHooks& hooks) {
     options.peer_token = peer_tokens->send;
     options.accepted_peer_tokens = std::move(peer_tokens->accept);
     options.peer_credentials = *std::move(peer_credentials);
+    options.events.observer = event_metrics_.get();
     options.on_transfer =
         [m = transfer_metrics_.get()](const TransferReport& r) {
           m->Record(std::string(TransportName(r.transport)), r.outgoing, r.code,
@@ -192,7 +194,10 @@ absl::Status KvKeepServer::Build(ServerHooks& hooks) {
   reaper_ = std::make_unique<LeaseReaper>(
       store_.get(), absl::Seconds(1),
       [s = service_.get()](const ExpiredSession& expired) {
-        if (s != nullptr) s->LogExpired(expired);
+        if (s == nullptr) return;
+        s->LogExpired(expired);
+        s->events().SessionEnded(v1::EVENT_SESSION_EXPIRED, expired.info.id,
+                                 SessionEventOf(expired));
       });
   if (absl::Status s = Listen(service); !s.ok()) return s;
 
@@ -279,6 +284,9 @@ void KvKeepServer::Stop(absl::Duration drain) {
     transfers = std::thread(
         [this, at = end - drain / 4] { service_->DrainTransfers(at); });
   }
+  // Watch streams never end by themselves: ended now, they do not hold
+  // the drain to its deadline.
+  if (service_ != nullptr) service_->events().Shutdown();
   server_->Shutdown(absl::ToChronoTime(end));
   server_->Wait();
   if (transfers.joinable()) transfers.join();
@@ -299,6 +307,7 @@ KvKeepServer::~KvKeepServer() {
   collector_.reset();
   store_.reset();
   transfer_metrics_.reset();
+  event_metrics_.reset();
   metrics_.reset();
 }
 

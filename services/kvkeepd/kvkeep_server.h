@@ -48,6 +48,7 @@
 #include "services/kvkeepd/kvkeep_service.h"
 #include "services/kvkeepd/lease_reaper.h"
 #include "services/kvkeepd/server_config.h"
+#include "services/metrics/event_metrics.h"
 #include "services/metrics/metrics_server.h"
 #include "services/metrics/store_metrics.h"
 #include "services/metrics/transfer_metrics.h"
@@ -123,6 +124,7 @@ class KvKeepServer {
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<StoreMetrics> metrics_;
   std::unique_ptr<TransferMetrics> transfer_metrics_;
+  std::unique_ptr<EventMetrics> event_metrics_;
   std::unique_ptr<CacheStore> store_;
   std::unique_ptr<TcpTransport> tcp_;
   std::unique_ptr<KvKeepService> service_;

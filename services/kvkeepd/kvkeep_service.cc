@@ -41,7 +41,7 @@ std::string LogValue(absl::string_view s) {
 }
 
 TransferOptions TransferOptionsOf(const ServiceOptions& options,
-                                  const KvKeepService* service) {
+                                  KvKeepService* service) {
   TransferOptions t;
   t.time_limit = options.transfer_time_limit;
   t.keepalive = options.peer_keepalive;
@@ -57,7 +57,14 @@ TransferOptions TransferOptionsOf(const ServiceOptions& options,
   };
   t.max_message_bytes = options.max_message_bytes;
   t.tenants_configured = !options.tenants_by_token.empty();
-  t.on_transfer = options.on_transfer;
+  // Told first (metrics); then a received session's start is published.
+  t.on_transfer =
+      [service, observer = options.on_transfer](const TransferReport& report) {
+        if (observer) observer(report);
+        if (!report.outgoing && report.session != 0) {
+          service->PublishMovedIn(report.session);
+        }
+      };
   t.tcp = options.tcp;
   t.wrap_sender = options.wrap_transfer_sender;
   t.peer_token = options.peer_token;
@@ -73,6 +80,7 @@ KvKeepService::KvKeepService(CacheStore* store, ServiceOptions options)
     : store_(store),
       options_(std::move(options)),
       moved_(options_.remembered_moves),
+      events_(EventOptionsFor(options_, store)),
       transfers_(store, TransferOptionsOf(options_, this)) {
   // ReceiveSession reads each chunk in place (session_receiver.h).
   MarkMethodRawCallback(
@@ -241,6 +249,8 @@ grpc::ServerUnaryReactor* KvKeepService::CreateSession(
     NewSessionToProto(*stats, resp);
     resp->set_layout(stats->layout);
     resp->set_session_id(SessionIdOf(*id));
+    events_.SessionStarted(v1::EVENT_SESSION_CREATED, *id,
+                           SessionEventOf(*stats));
     LogEvent(
         "session_create",
         absl::StrCat("session=", SessionIdOf(*id),
@@ -261,6 +271,7 @@ grpc::ServerUnaryReactor* KvKeepService::CloseSession(
     if (!stats.ok()) return stats.status();
     if (absl::Status s = store_->CloseSession(*id); !s.ok()) return s;
     resp->set_freed_pages(stats->pages);
+    events_.SessionEnded(v1::EVENT_SESSION_CLOSED, *id, SessionEventOf(*stats));
     LogEvent("session_close",
              absl::StrCat("session=", req->session_id(),
                           " tenant=", LogValue(stats->tenant),
@@ -284,6 +295,8 @@ grpc::ServerUnaryReactor* KvKeepService::ForkSession(
     NewSessionToProto(*stats, resp);
     resp->set_session_id(SessionIdOf(*id));
     resp->set_shared_pages(stats->shared_pages);
+    events_.SessionStarted(v1::EVENT_SESSION_FORKED, *id,
+                           SessionEventOf(*stats, req->session_id()));
     LogEvent(
         "session_fork",
         absl::StrCat(
@@ -355,6 +368,7 @@ grpc::ServerUnaryReactor* KvKeepService::Append(
     absl::StatusOr<StepResult> result =
         store_->Append(*id, AppendFromProto(*req, layers));
     if (!result.ok()) return result.status();
+    events_.RecordWork(*id, *result);
     StepResultToProto(*result, resp);
     return absl::OkStatus();
   });
@@ -371,6 +385,7 @@ grpc::ServerUnaryReactor* KvKeepService::CompressPrompt(
     if (!window.ok()) return InSession(*id, window.status());
     absl::StatusOr<StepResult> result = store_->CompressPrompt(*id, *window);
     if (!result.ok()) return result.status();
+    events_.RecordWork(*id, *result);
     StepResultToProto(*result, resp);
     return absl::OkStatus();
   });
@@ -546,6 +561,7 @@ class PrefillReactor final : public grpc::ServerReadReactor<v1::AppendRequest> {
     absl::StatusOr<StepResult> result =
         service_->store().Append(*id, AppendFromProto(chunk_, layers_));
     if (!result.ok()) return result.status();
+    service_->events().RecordWork(*id, *result);
     StepResultToProto(*result, resp_->add_chunks());
     return absl::OkStatus();
   }
@@ -613,6 +629,7 @@ class DecodeReactor final
         !s.ok()) {
       return s;
     }
+    service_->events().RecordWork(*id, outcome_.append, outcome_.scores);
     // Cleared in place: DecodeStepResult::Clear() would delete both
     // results and with them every LayerChange message and its buffers.
     if (step_.has_append()) {

@@ -24,6 +24,7 @@
 #include "cache_store/cache_store.h"
 #include "grpcpp/security/credentials.h"
 #include "kvkeep/v1/kvkeep.grpc.pb.h"
+#include "services/events/event_bus.h"
 #include "services/kvkeepd/moved_sessions.h"
 #include "services/transfer/page_transport.h"
 #include "services/transfer/session_state.h"
@@ -77,7 +78,15 @@ struct ServiceOptions {
   std::string replica_name;
   std::string advertise_address;
   int64_t remembered_moves = kRememberedMoves;
+  // WatchEvents (docs/events.md): the ring, the summary interval, the
+  // metrics observer. The service fills pool_use from the store if unset.
+  EventBusOptions events;
 };
+
+// options.events, with the store's pools as the pressure sampler unless
+// it has one. `store` must outlive the bus.
+EventBusOptions EventOptionsFor(const ServiceOptions& options,
+                                const CacheStore* store);
 
 // The trailing metadata that names a TransferSession's transfer id, on
 // success and on every error once the id is known.
@@ -145,6 +154,9 @@ class KvKeepService final : public v1::KvKeep::CallbackService {
   grpc::ServerUnaryReactor* TransferSession(
       grpc::CallbackServerContext* ctx, const v1::TransferSessionRequest* req,
       v1::TransferSessionResponse* resp) override;
+  grpc::ServerWriteReactor<v1::WatchEventsResponse>* WatchEvents(
+      grpc::CallbackServerContext* ctx,
+      const v1::WatchEventsRequest* req) override;
 
   // The drain's part for transfers (TransferCoordinator::Drain): those still
   // sending at `deadline` are cancelled, before the gRPC server's own
@@ -190,6 +202,8 @@ class KvKeepService final : public v1::KvKeep::CallbackService {
   // stays as it is.
   absl::Status WithSessionIds(const absl::Status& status) const;
   void LogEvent(absl::string_view event, absl::string_view fields) const;
+  // Publishes that session `id` arrived by a transfer (its stats, now).
+  void PublishMovedIn(SessionId id);
   // The line for a session whose lease ran out, written whether or not
   // log_events is on.
   void LogExpired(const ExpiredSession& session) const;
@@ -202,6 +216,8 @@ class KvKeepService final : public v1::KvKeep::CallbackService {
   }
 
   CacheStore& store() { return *store_; }
+  // The events WatchEvents serves (the lease reaper and the drain use it).
+  EventBus& events() { return events_; }
   const ServiceOptions& options() const { return options_; }
 
  private:
@@ -217,6 +233,8 @@ class KvKeepService final : public v1::KvKeep::CallbackService {
   MovedSessions moved_;
   mutable absl::Mutex address_mu_;
   std::string address_ ABSL_GUARDED_BY(address_mu_);
+  // Before transfers_: their callbacks publish.
+  EventBus events_;
   // Last: its destructor waits for sends whose callbacks use the rest.
   TransferCoordinator transfers_;
 };

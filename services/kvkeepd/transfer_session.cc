@@ -87,8 +87,15 @@ grpc::ServerUnaryReactor* KvKeepService::TransferSession(
   transfer.deadline = absl::FromChrono(ctx->deadline());
   transfer.cancel = reactor->cancel();
   const std::string target = req->target();
+  // What the moved-out event says of it, read before it moves.
+  v1::SessionEvent moved;
+  if (absl::StatusOr<SessionStats> s = store_->GetStats(*id, false); s.ok()) {
+    moved = SessionEventOf(*s);
+  }
+  moved.set_peer(target);
   transfers_.Send(std::move(transfer), [this, ctx, id = *id, target, reactor,
-                                        resp, tenant = *std::move(tenant)](
+                                        resp, tenant = *std::move(tenant),
+                                        moved = std::move(moved)](
                                            const TransferOutcome& outcome) {
     // The transfer id, also when this store made it and the transfer failed.
     ctx->AddTrailingMetadata(kTransferIdMetadata, outcome.transfer_id);
@@ -109,6 +116,7 @@ grpc::ServerUnaryReactor* KvKeepService::TransferSession(
     resp->set_transport(std::string(TransportName(outcome.transport)));
     resp->set_bytes(outcome.bytes);
     resp->set_seconds(absl::ToDoubleSeconds(outcome.duration));
+    events_.SessionEnded(v1::EVENT_SESSION_MOVED_OUT, id, moved);
     LogEvent("transfer",
              absl::StrCat("session=", SessionIdOf(id), " target=", target,
                           " new_id=", resp->session_id(), " transfer=",

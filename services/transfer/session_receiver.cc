@@ -255,7 +255,7 @@ class ReceiveReactor final
       observer_(TransferReport{
           receive_ != nullptr ? receive_->transport : Transport::kHost,
           /*outgoing=*/false, committed_ ? absl::StatusCode::kOk : end_code_,
-          bytes_, absl::Now() - start_});
+          bytes_, absl::Now() - start_, committed_id_});
     }
     delete this;
   }
@@ -572,6 +572,7 @@ class ReceiveReactor final
     }
     if (!id.ok()) return id.status();
     committed_ = true;
+    committed_id_ = *id;
     return Reply(v1::TransferReply::COMMITTED);
   }
 
@@ -610,6 +611,7 @@ class ReceiveReactor final
   const absl::Time start_;
   int64_t bytes_ = 0;
   bool committed_ = false;
+  SessionId committed_id_ = 0;
   bool reported_ = false;  // to the observer, by Abandon's cleanup
   absl::StatusCode end_code_ = absl::StatusCode::kOk;
   std::string tenant_;

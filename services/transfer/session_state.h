@@ -24,13 +24,15 @@
 namespace kvkeep {
 
 // What one transfer did, for monitoring: sent from this store (outgoing)
-// or received, how it ended, the key and value bytes moved, how long.
+// or received, how it ended, the key and value bytes moved, how long, and
+// (a received transfer that committed) the session's id here.
 struct TransferReport {
   Transport transport = Transport::kHost;
   bool outgoing = true;
   absl::StatusCode code = absl::StatusCode::kOk;
   int64_t bytes = 0;
   absl::Duration duration;
+  SessionId session = 0;
 };
 using TransferObserver = std::function<void(const TransferReport&)>;
 

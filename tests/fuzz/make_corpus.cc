@@ -108,7 +108,8 @@ void ServiceSeeds() {
     kReadKv,
     kMapPool,
     kTransfer,
-    kFork
+    kFork,
+    kWatch
   };
   const std::string t = "service_fuzz";
   Write(t, "info_list",
@@ -234,9 +235,23 @@ void ServiceSeeds() {
     s += FrameBytes(kClose, Str(close));
     Write(t, "fork_child", s);
   }
+  {  // the event stream: from now, a resume with a kind filter (the
+     // session created and closed before it), a sequence never published
+    v1::CloseSessionRequest close;
+    close.set_session_id("$");
+    v1::WatchEventsRequest resume;
+    resume.set_after_sequence(1);
+    resume.add_kinds(v1::EVENT_SESSION_CLOSED);
+    v1::WatchEventsRequest future;
+    future.set_after_sequence(1000);
+    Write(t, "watch_events",
+          FrameBytes(kWatch, "") + FrameBytes(kClose, Str(close)) +
+              FrameBytes(kWatch, Str(resume)) +
+              FrameBytes(kWatch, Str(future)));
+  }
   {  // other callers (service_fuzz.cc): bob, nobody, a malformed token
     auto as = [](int caller, uint8_t method) {
-      return static_cast<uint8_t>(caller * (kFork + 1) + method);
+      return static_cast<uint8_t>(caller * (kWatch + 1) + method);
     };
     v1::GetSessionStatsRequest stats;
     stats.set_session_id("$");

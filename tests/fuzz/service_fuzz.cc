@@ -45,6 +45,7 @@ enum Method : uint8_t {
   kMapPool,
   kTransferSession,
   kForkSession,
+  kWatchEvents,
   kMethods
 };
 
@@ -210,6 +211,22 @@ class Script {
         v1::TransferSessionResponse resp;
         Check(stub_.TransferSession(ctx.get(), req, &resp), "TransferSession");
         if (!resp.session_id().empty()) Fail("a transfer to nowhere succeeded");
+        break;
+      }
+      case kWatchEvents: {
+        // The first message (and whatever a resume point brings at once),
+        // then the watcher leaves: a watch never ends by itself.
+        v1::WatchEventsRequest req;
+        if (!Parse(bytes, req)) return;
+        std::unique_ptr<grpc::ClientContext> ctx = Context();
+        std::unique_ptr<grpc::ClientReader<v1::WatchEventsResponse>> reader =
+            stub_.WatchEvents(ctx.get(), req);
+        v1::WatchEventsResponse resp;
+        if (reader->Read(&resp)) ctx->TryCancel();
+        const grpc::Status status = reader->Finish();
+        if (status.error_code() != grpc::StatusCode::CANCELLED) {
+          Check(status, "WatchEvents");
+        }
         break;
       }
       case kReadKv: {

@@ -393,3 +393,30 @@ def test_fork_shares_pages_and_copies_on_write(client):
         with pytest.raises(kvkeep.InvalidArgument):
             parent.fork(budget=0)
         np.testing.assert_array_equal(parent.read_kv()[0].keys, k[0])
+
+
+def test_watch_events_resumes_after_a_reconnect(client):
+    # Only session starts and closes: other tests' summaries stay out.
+    kinds = [pb.EVENT_SESSION_CREATED, pb.EVENT_SESSION_FORKED, pb.EVENT_SESSION_CLOSED]
+    watch = client.watch_events(kinds).start()
+    first = watch.last_sequence
+    a = client.create_session("t_f32", "window", budget=8)
+    b = a.fork()
+    events = iter(watch)
+    seen = [next(events), next(events)]
+    assert [(e.kind, e.session.session_id) for e in seen] == [
+        (pb.EVENT_SESSION_CREATED, a.id), (pb.EVENT_SESSION_FORKED, b.id)]
+    assert first < seen[0].sequence < seen[1].sequence == watch.last_sequence
+    watch.cancel()
+    b.close()  # while nobody watches
+    resumed = iter(watch)
+    e = next(resumed)
+    assert (e.kind, e.session.session_id) == (pb.EVENT_SESSION_CLOSED, b.id)
+    assert e.sequence > seen[1].sequence
+    a.close()
+    e = next(resumed)
+    assert (e.kind, e.session.session_id) == (pb.EVENT_SESSION_CLOSED, a.id)
+    watch.cancel()
+    stale = client.watch_events(after_sequence=e.sequence + 100)
+    with pytest.raises(kvkeep.OutOfRange):
+        stale.start()

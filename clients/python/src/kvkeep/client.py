@@ -33,7 +33,7 @@ from kvkeep.pool import MappedPool
 from kvkeep.v1 import kvkeep_pb2 as pb
 from kvkeep.v1 import kvkeep_pb2_grpc as pb_grpc
 
-__all__ = ["Client", "Session", "DecodeStream"]
+__all__ = ["Client", "Session", "DecodeStream", "EventWatch"]
 
 
 class _Connection:
@@ -278,6 +278,13 @@ class Client:
             session_id=session_id, target=target, target_token=target_token,
             transport=transport, transfer_id=transfer_id or _core.new_id())
         return self._c.call("TransferSession", req)
+
+    def watch_events(self, kinds: Sequence[int] = (), *, after_sequence: int = 0,
+                     incarnation: int = 0) -> "EventWatch":
+        """The server's events (WatchEvents, docs/events.md): iterate the
+        EventWatch for pb.Event messages; it resumes after the last one
+        seen when iterated again after its stream ended."""
+        return EventWatch(self._c, list(kinds), after_sequence, incarnation)
 
     def map_pool(self, layout: str = "", session_id: str = "") -> MappedPool:
         """Maps a layout's host pool (shared memory) read-only into numpy.
@@ -631,3 +638,61 @@ class DecodeStream:
             except grpc.RpcError:
                 pass
         self._finished = True
+
+
+class EventWatch:
+    """A WatchEvents stream that remembers where it is. start() opens it
+    (resuming after `last_sequence` of `incarnation`) and returns once the
+    server watches; iterating yields each event once, in order (starting
+    the stream if needed). The stream's end raises its KvKeepError
+    (OutOfRange: resync with Client.list and watch from now); iterating
+    again then resumes. cancel() ends it from another thread."""
+
+    def __init__(self, conn: _Connection, kinds: List[int], after_sequence: int,
+                 incarnation: int):
+        self._c = conn
+        self._kinds = kinds
+        self.last_sequence = after_sequence
+        self.incarnation = incarnation
+        self._call: Any = None
+        self._pending: List[pb.Event] = []
+
+    def _read(self) -> pb.WatchEventsResponse:
+        try:
+            return next(self._call)
+        except grpc.RpcError as e:
+            self._call = None
+            raise from_rpc_error(e, "WatchEvents") from None
+        except StopIteration:
+            self._call = None
+            raise error_for(grpc.StatusCode.UNAVAILABLE,
+                            "the server ended the event stream",
+                            method="WatchEvents") from None
+
+    def start(self) -> "EventWatch":
+        self.cancel()
+        req = pb.WatchEventsRequest(after_sequence=self.last_sequence,
+                                    incarnation=self.incarnation, kinds=self._kinds)
+        self._call = self._c.stub.WatchEvents(req, metadata=self._c.metadata,
+                                              timeout=self._c.options.stream_deadline)
+        first = self._read()
+        self.incarnation = first.incarnation
+        if self.last_sequence == 0:
+            self.last_sequence = first.latest_sequence
+        self._pending = list(first.events)
+        return self
+
+    def __iter__(self) -> Iterator[pb.Event]:
+        if self._call is None:
+            self.start()
+        while True:
+            while self._pending:
+                event = self._pending.pop(0)
+                self.last_sequence = event.sequence
+                yield event
+            self._pending = list(self._read().events)
+
+    def cancel(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None

@@ -16,6 +16,18 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DTYPE_INT8: _ClassVar[DType]
     DTYPE_FP8_E4M3: _ClassVar[DType]
     DTYPE_INT4: _ClassVar[DType]
+
+class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EVENT_KIND_UNSPECIFIED: _ClassVar[EventKind]
+    EVENT_SESSION_CREATED: _ClassVar[EventKind]
+    EVENT_SESSION_FORKED: _ClassVar[EventKind]
+    EVENT_SESSION_CLOSED: _ClassVar[EventKind]
+    EVENT_SESSION_EXPIRED: _ClassVar[EventKind]
+    EVENT_SESSION_MOVED_OUT: _ClassVar[EventKind]
+    EVENT_SESSION_MOVED_IN: _ClassVar[EventKind]
+    EVENT_EVICTIONS: _ClassVar[EventKind]
+    EVENT_POOL_PRESSURE: _ClassVar[EventKind]
 DTYPE_UNSPECIFIED: DType
 DTYPE_F32: DType
 DTYPE_F16: DType
@@ -23,6 +35,15 @@ DTYPE_BF16: DType
 DTYPE_INT8: DType
 DTYPE_FP8_E4M3: DType
 DTYPE_INT4: DType
+EVENT_KIND_UNSPECIFIED: EventKind
+EVENT_SESSION_CREATED: EventKind
+EVENT_SESSION_FORKED: EventKind
+EVENT_SESSION_CLOSED: EventKind
+EVENT_SESSION_EXPIRED: EventKind
+EVENT_SESSION_MOVED_OUT: EventKind
+EVENT_SESSION_MOVED_IN: EventKind
+EVENT_EVICTIONS: EventKind
+EVENT_POOL_PRESSURE: EventKind
 
 class Layout(_message.Message):
     __slots__ = ("name", "num_layers", "kv_heads", "query_heads", "head_dim", "dtype", "page_tokens", "keys_pre_rope", "page_bytes", "group_size", "append_dtype")
@@ -776,3 +797,95 @@ class MapPoolResponse(_message.Message):
     server_pid: int
     tables: _containers.RepeatedCompositeFieldContainer[BlockTable]
     def __init__(self, layout: _Optional[_Union[Layout, _Mapping]] = ..., device: _Optional[str] = ..., arena_bytes: _Optional[int] = ..., capacity_pages: _Optional[int] = ..., cuda_ipc_handle: _Optional[bytes] = ..., shm_name: _Optional[str] = ..., server_pid: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[BlockTable, _Mapping]]] = ...) -> None: ...
+
+class WatchEventsRequest(_message.Message):
+    __slots__ = ("after_sequence", "incarnation", "kinds")
+    AFTER_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    KINDS_FIELD_NUMBER: _ClassVar[int]
+    after_sequence: int
+    incarnation: int
+    kinds: _containers.RepeatedScalarFieldContainer[EventKind]
+    def __init__(self, after_sequence: _Optional[int] = ..., incarnation: _Optional[int] = ..., kinds: _Optional[_Iterable[_Union[EventKind, str]]] = ...) -> None: ...
+
+class WatchEventsResponse(_message.Message):
+    __slots__ = ("incarnation", "events", "oldest_sequence", "latest_sequence")
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    LATEST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    incarnation: int
+    events: _containers.RepeatedCompositeFieldContainer[Event]
+    oldest_sequence: int
+    latest_sequence: int
+    def __init__(self, incarnation: _Optional[int] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., oldest_sequence: _Optional[int] = ..., latest_sequence: _Optional[int] = ...) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("sequence", "kind", "time_unix_micros", "session", "evictions", "pool")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TIME_UNIX_MICROS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    kind: EventKind
+    time_unix_micros: int
+    session: SessionEvent
+    evictions: EvictionSummary
+    pool: PoolPressure
+    def __init__(self, sequence: _Optional[int] = ..., kind: _Optional[_Union[EventKind, str]] = ..., time_unix_micros: _Optional[int] = ..., session: _Optional[_Union[SessionEvent, _Mapping]] = ..., evictions: _Optional[_Union[EvictionSummary, _Mapping]] = ..., pool: _Optional[_Union[PoolPressure, _Mapping]] = ...) -> None: ...
+
+class SessionEvent(_message.Message):
+    __slots__ = ("session_id", "tenant", "layout", "policy", "parent_session_id", "peer", "pages")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    PARENT_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    PAGES_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    tenant: str
+    layout: str
+    policy: str
+    parent_session_id: str
+    peer: str
+    pages: int
+    def __init__(self, session_id: _Optional[str] = ..., tenant: _Optional[str] = ..., layout: _Optional[str] = ..., policy: _Optional[str] = ..., parent_session_id: _Optional[str] = ..., peer: _Optional[str] = ..., pages: _Optional[int] = ...) -> None: ...
+
+class EvictionSummary(_message.Message):
+    __slots__ = ("session_id", "tenant", "calls", "evicted_tokens", "resident_tokens")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    tenant: str
+    calls: int
+    evicted_tokens: int
+    resident_tokens: int
+    def __init__(self, session_id: _Optional[str] = ..., tenant: _Optional[str] = ..., calls: _Optional[int] = ..., evicted_tokens: _Optional[int] = ..., resident_tokens: _Optional[int] = ...) -> None: ...
+
+class PoolPressure(_message.Message):
+    __slots__ = ("layout", "level", "free_pages", "capacity_pages")
+    class Level(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        LEVEL_UNSPECIFIED: _ClassVar[PoolPressure.Level]
+        LEVEL_OK: _ClassVar[PoolPressure.Level]
+        LEVEL_LOW: _ClassVar[PoolPressure.Level]
+        LEVEL_CRITICAL: _ClassVar[PoolPressure.Level]
+    LEVEL_UNSPECIFIED: PoolPressure.Level
+    LEVEL_OK: PoolPressure.Level
+    LEVEL_LOW: PoolPressure.Level
+    LEVEL_CRITICAL: PoolPressure.Level
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    FREE_PAGES_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_PAGES_FIELD_NUMBER: _ClassVar[int]
+    layout: str
+    level: PoolPressure.Level
+    free_pages: int
+    capacity_pages: int
+    def __init__(self, layout: _Optional[str] = ..., level: _Optional[_Union[PoolPressure.Level, str]] = ..., free_pages: _Optional[int] = ..., capacity_pages: _Optional[int] = ...) -> None: ...

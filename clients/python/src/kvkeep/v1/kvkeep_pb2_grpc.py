@@ -129,6 +129,11 @@ class KvKeepStub:
                 request_serializer=kvkeep_dot_v1_dot_kvkeep__pb2.MapPoolRequest.SerializeToString,
                 response_deserializer=kvkeep_dot_v1_dot_kvkeep__pb2.MapPoolResponse.FromString,
                 _registered_method=True)
+        self.WatchEvents = channel.unary_stream(
+                '/kvkeep.v1.KvKeep/WatchEvents',
+                request_serializer=kvkeep_dot_v1_dot_kvkeep__pb2.WatchEventsRequest.SerializeToString,
+                response_deserializer=kvkeep_dot_v1_dot_kvkeep__pb2.WatchEventsResponse.FromString,
+                _registered_method=True)
 
 
 class KvKeepServicer:
@@ -357,6 +362,31 @@ class KvKeepServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchEvents(self, request, context):
+        """The store's events, for routers and dashboards (docs/events.md): session
+        created, forked, closed, expired, moved out or in; per-session eviction
+        summaries (at most one per session per summary interval, never one per
+        token); pool pressure (a layout's free pages crossing 25% or 10% of its
+        pool). The first message carries no events: it says which server
+        incarnation and sequence the stream starts from. Each event has a
+        sequence number, one counter per server incarnation, so a watcher that
+        reconnects resumes with after_sequence = the last it saw and gets every
+        later event once, in order. The server holds the newest events in a
+        bounded ring: resuming from one it no longer holds (or from another
+        incarnation) is OUT_OF_RANGE, the message naming the oldest sequence
+        held: resync with ListSessions and watch from now. A watcher whose
+        reading falls behind the ring is ended with RESOURCE_EXHAUSTED
+        ("watcher fell N events behind"): the store never waits for a watcher.
+        With tenants configured a watcher sees its own tenant's sessions (and
+        every pool's pressure); without, everything. A draining server ends
+        its watch streams with UNAVAILABLE. Errors: INVALID_ARGUMENT (an
+        unknown kind), OUT_OF_RANGE (above), RESOURCE_EXHAUSTED (too many
+        watchers, or a watcher fell behind), UNAVAILABLE (shutting down).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KvKeepServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -454,6 +484,11 @@ def add_KvKeepServicer_to_server(servicer, server):
                     servicer.MapPool,
                     request_deserializer=kvkeep_dot_v1_dot_kvkeep__pb2.MapPoolRequest.FromString,
                     response_serializer=kvkeep_dot_v1_dot_kvkeep__pb2.MapPoolResponse.SerializeToString,
+            ),
+            'WatchEvents': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchEvents,
+                    request_deserializer=kvkeep_dot_v1_dot_kvkeep__pb2.WatchEventsRequest.FromString,
+                    response_serializer=kvkeep_dot_v1_dot_kvkeep__pb2.WatchEventsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -969,6 +1004,33 @@ class KvKeep:
             '/kvkeep.v1.KvKeep/MapPool',
             kvkeep_dot_v1_dot_kvkeep__pb2.MapPoolRequest.SerializeToString,
             kvkeep_dot_v1_dot_kvkeep__pb2.MapPoolResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/kvkeep.v1.KvKeep/WatchEvents',
+            kvkeep_dot_v1_dot_kvkeep__pb2.WatchEventsRequest.SerializeToString,
+            kvkeep_dot_v1_dot_kvkeep__pb2.WatchEventsResponse.FromString,
             options,
             channel_credentials,
             insecure,
