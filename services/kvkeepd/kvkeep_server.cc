@@ -11,6 +11,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "services/common/fleet_names.h"
 #include "services/kvkeepd/parse_errors.h"
 #include "services/metrics/rpc_metrics.h"
 
@@ -202,7 +203,11 @@ absl::Status KvKeepServer::Build(ServerHooks& hooks) {
   if (absl::Status s = Listen(service); !s.ok()) return s;
 
   if (config_.metrics_listen != "off") {
-    collector_ = std::make_shared<StoreCollector>(*store_, *metrics_);
+    // Sessions are labelled as this replica's calls name them.
+    collector_ = std::make_shared<StoreCollector>(
+        *store_, *metrics_, [replica = config_.replica_name](SessionId id) {
+          return FleetSessionId(replica, id);
+        });
     absl::StatusOr<std::pair<std::string, std::string>> auth =
         ReadMetricsAuth(config_);
     if (!auth.ok()) return absl::InvalidArgumentError(auth.status().message());

@@ -39,8 +39,9 @@ void AddSample(MetricFamily& family, std::vector<ClientMetric::Label> labels,
 }
 
 // Per session: the tracked ones still open (one may close mid-scrape).
-std::vector<MetricFamily> SessionFamilies(CacheStore& store,
-                                          const StoreMetrics& metrics) {
+std::vector<MetricFamily> SessionFamilies(
+    CacheStore& store, const StoreMetrics& metrics,
+    const std::function<std::string(SessionId)>& session_name) {
   constexpr MetricType kGauge = MetricType::Gauge;
   constexpr MetricType kCounter = MetricType::Counter;
   MetricFamily tokens = Family("kvkeep_session_resident_tokens",
@@ -62,7 +63,7 @@ std::vector<MetricFamily> SessionFamilies(CacheStore& store,
     // A scrape is not a call on the session: it does not renew its lease.
     absl::StatusOr<SessionStats> s = store.GetStats(id, /*renew_lease=*/false);
     if (!s.ok()) continue;
-    const std::vector<ClientMetric::Label> labels{{"session", SessionName(id)},
+    const std::vector<ClientMetric::Label> labels{{"session", session_name(id)},
                                                   {"tenant", s->tenant},
                                                   {"policy", s->policy}};
     AddSample(tokens, labels, static_cast<double>(s->resident_tokens));
@@ -270,14 +271,21 @@ int64_t StoreMetrics::UntrackedSessions() const {
   return untracked_;
 }
 
-StoreCollector::StoreCollector(CacheStore& store, const StoreMetrics& metrics)
-    : store_(store), metrics_(metrics) {}
+StoreCollector::StoreCollector(
+    CacheStore& store, const StoreMetrics& metrics,
+    std::function<std::string(SessionId)> session_name)
+    : store_(store),
+      metrics_(metrics),
+      session_name_(session_name ? std::move(session_name) : [](SessionId id) {
+        return SessionName(id);
+      }) {}
 
 std::vector<MetricFamily> StoreCollector::Collect() const {
   constexpr MetricType kGauge = MetricType::Gauge;
   constexpr MetricType kCounter = MetricType::Counter;
 
-  std::vector<MetricFamily> out = SessionFamilies(store_, metrics_);
+  std::vector<MetricFamily> out =
+      SessionFamilies(store_, metrics_, session_name_);
   MetricFamily capacity_pages = Family("kvkeep_pool_capacity_pages",
                                        "Pages in the layout's pool", kGauge);
   MetricFamily used_pages =

@@ -15,6 +15,7 @@
 #define KVKEEP_SERVICES_METRICS_STORE_METRICS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -78,13 +79,16 @@ class StoreMetrics : public StoreObserver {
 
 class StoreCollector : public prometheus::Collectable {
  public:
-  // Both must outlive the collector.
-  StoreCollector(CacheStore& store, const StoreMetrics& metrics);
+  // Both must outlive the collector. `session_name` gives the `session`
+  // label, the id as clients know it (empty: SessionName, the bare key).
+  StoreCollector(CacheStore& store, const StoreMetrics& metrics,
+                 std::function<std::string(SessionId)> session_name = {});
   std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
   CacheStore& store_;
   const StoreMetrics& metrics_;
+  const std::function<std::string(SessionId)> session_name_;
 };
 
 }  // namespace kvkeep

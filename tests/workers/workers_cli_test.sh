@@ -25,7 +25,10 @@ flags=(--server="$address" --workload=needle_repeated --prompt_tokens=256
 
 id="$("$bin/kvkeep-prefill" "${flags[@]}" --policy=h2o --budget=64 \
       --params=recent=32)"
-[[ "$id" =~ ^[0-9a-f]{16}$ ]] || fail "prefill printed '$id', not a session id"
+# An id is the store's 16 hex digits, after its replica's name and a dot
+# when it has one (docs/fleet.md).
+[[ "$id" =~ ^([a-z0-9]([-a-z0-9]*[a-z0-9])?\.)?[0-9a-f]{16}$ ]] ||
+  fail "prefill printed '$id', not a session id"
 "$bin/kvkeep" --server="$address" sessions | grep -q "$id" ||
   fail "the session is not listed"
 
