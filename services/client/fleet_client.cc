@@ -108,7 +108,8 @@ absl::Status Discover(const FleetOptions& options, const std::string& target,
 
 // The free pages of `layout` on a replica, or nullopt if it does not serve
 // it (or did not answer).
-std::optional<int64_t> FreePages(const ReplicaState& r, const std::string& layout) {
+std::optional<int64_t> FreePages(const ReplicaState& r,
+                                 const std::string& layout) {
   if (!r.info.has_value()) return std::nullopt;
   for (const v1::Pool& pool : r.info->pools()) {
     if (pool.layout() == layout) return pool.free_pages();
