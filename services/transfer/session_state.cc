@@ -1,12 +1,10 @@
 #include "services/transfer/session_state.h"
 
-#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "cache_store/lease.h"
 #include "cache_store/quote.h"
 
 namespace kvkeep {
@@ -65,9 +63,8 @@ absl::StatusOr<SessionSnapshot> StateFromProto(const v1::SessionState& p) {
           absl::StrCat("idle_timeout_seconds ", seconds,
                        " is not a lease length (0: it never expires)"));
     }
-    // Past the longest lease is the same as the longest (clamped on import).
-    s.idle_timeout = absl::Seconds(
-        std::min(seconds, absl::ToDoubleSeconds(kMaxIdleTimeout)));
+    // Too long for a Duration saturates; the import clamps to its maximum.
+    s.idle_timeout = absl::Seconds(seconds);
   }
   for (const v1::LayerState& l : p.layers()) {
     LayerSnapshot layer;
