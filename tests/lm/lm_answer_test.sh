@@ -13,22 +13,8 @@
 # Prints "SKIPPED: ..." (ctest: skipped) when the model file is absent.
 #
 #   lm_answer_test.sh BIN_DIR CONFIG MODEL
-set -euo pipefail
-bin="$1"
-config="$2"
-model="$3"
-if [ ! -r "$model" ]; then
-  echo "SKIPPED: model absent at $model: run scripts/fetch-model"
-  exit 77
-fi
-here="$(cd "$(dirname "$0")" && pwd)"
-source "$here/../../scripts/lib.sh"
-tmp="$(mktemp -d)"
-trap 'kill -9 $KVKEEPD_PID 2>/dev/null || true; rm -rf "$tmp"' EXIT
-kvkeep_start_kvkeepd "$bin/kvkeepd" "$tmp/kvkeepd.log" --config="$config" \
-  --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --self_check=false ||
-  { echo "FAIL: kvkeepd did not start"; exit 1; }
-fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "$0")/lm_test_lib.sh"
+lm_start_kvkeepd
 
 python3 "$here/../../bench/lm/make_tasks.py" --tasks=passkey --lengths=256 \
   --depths=0.3,0.7 --keys=2 --seed=5 --out="$tmp/tasks.jsonl"

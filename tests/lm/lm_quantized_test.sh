@@ -15,30 +15,14 @@
 # Prints "SKIPPED: ..." (ctest: skipped) when the model file is absent.
 #
 #   lm_quantized_test.sh BIN_DIR CONFIG MODEL
-set -euo pipefail
-bin="$1"
-config="$2"
-model="$3"
-if [ ! -r "$model" ]; then
-  echo "SKIPPED: model absent at $model: run scripts/fetch-model"
-  exit 77
-fi
-source "$(dirname "$0")/../../scripts/lib.sh"
-log="$(mktemp)"
-trap 'kill -9 $KVKEEPD_PID 2>/dev/null || true; rm -f "$log"' EXIT
-kvkeep_start_kvkeepd "$bin/kvkeepd" "$log" --config="$config" \
-  --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --self_check=false ||
-  { echo "FAIL: kvkeepd did not start"; exit 1; }
-fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "$0")/lm_test_lib.sh"
+lm_start_kvkeepd
 text=/usr/share/common-licenses/GPL-3
 runs="full h2o:sinks=4,recent=16@64"
 lm() {
   "$bin/kvkeep-lm" perplexity --model="$model" --text="$text" --json \
     --server="$KVKEEPD_ADDRESS" --max_tokens=192 --runs="$runs" "$@"
 }
-field() { python3 -c 'import json,sys; r=[x for x in json.loads(sys.argv[1]) if x["run"]==sys.argv[2]]; print(repr(r[0][sys.argv[3]]))' "$1" "$2" "$3"; }
-within() { python3 -c 'import sys; a,b,t=map(float,sys.argv[1:]); sys.exit(0 if abs(a-b) <= t*b else 1)' "$1" "$2" "$3"; }
-less() { python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) < float(sys.argv[2]) else 1)' "$1" "$2"; }
 
 f32="$(field "$(lm --layout=smollm2-135m)" full perplexity)"
 echo "f32: full $f32"

@@ -11,30 +11,12 @@
 # Prints "SKIPPED: ..." (ctest: skipped) when the model file is absent.
 #
 #   lm_worker_test.sh BIN_DIR CONFIG MODEL
-set -euo pipefail
-bin="$1"
-config="$2"
-model="$3"
-if [ ! -r "$model" ]; then
-  echo "SKIPPED: model absent at $model: run scripts/fetch-model"
-  exit 77
-fi
-source "$(dirname "$0")/../../scripts/lib.sh"
-log="$(mktemp)"
-trap 'kill -9 $KVKEEPD_PID 2>/dev/null || true; rm -f "$log"' EXIT
-start() {
-  kvkeep_start_kvkeepd "$bin/kvkeepd" "$log" --config="$config" \
-    --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --self_check=false ||
-    { echo "FAIL: kvkeepd did not start"; exit 1; }
-}
-start
-fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "$0")/lm_test_lib.sh"
+lm_start_kvkeepd
 text=/usr/share/common-licenses/GPL-3
 lm() { "$bin/kvkeep-lm" "$1" --model="$model" --text="$text" --json "${@:2}"; }
 # The perplexity of run $2 in JSON $1.
-ppl() { python3 -c 'import json,sys; r=[x for x in json.loads(sys.argv[1]) if x["run"]==sys.argv[2]]; print(repr(r[0]["perplexity"]))' "$1" "$2"; }
-field() { python3 -c 'import json,sys; r=[x for x in json.loads(sys.argv[1]) if x["run"]==sys.argv[2]]; print(r[0][sys.argv[3]])' "$1" "$2" "$3"; }
-less() { python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) < float(sys.argv[2]) else 1)' "$1" "$2"; }
+ppl() { field "$1" "$2" perplexity; }
 
 tokens=320
 for positions in original cache; do
@@ -80,16 +62,15 @@ grep -q "INVALID_ARGUMENT" <<<"$err" || fail "unknown parameter: $err"
 
 # kvkeepd dies mid-run.
 lm perplexity --server="$KVKEEPD_ADDRESS" --max_tokens=4000 \
-  >/dev/null 2>"$log.lm" &
+  >/dev/null 2>"$tmp/lm.log" &
 lm_pid=$!
 sleep 8
 kill -0 $lm_pid 2>/dev/null || fail "kvkeep-lm ended before kvkeepd was killed"
 kill -9 "$KVKEEPD_PID"
 status=0
 wait $lm_pid || status=$?
-cat "$log.lm"
+cat "$tmp/lm.log"
 [ "$status" = 1 ] || fail "kvkeep-lm exited $status after kvkeepd died"
-grep -q "^kvkeep-lm: UNAVAILABLE: .*at token [0-9]*" "$log.lm" ||
+grep -q "^kvkeep-lm: UNAVAILABLE: .*at token [0-9]*" "$tmp/lm.log" ||
   fail "no clear error after kvkeepd died"
-rm -f "$log.lm"
 echo PASS
