@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -28,6 +29,7 @@ testing::TestServer& Server(ServerKind kind) {
         testing::TestServerConfig({PoolSpec{FuzzLayout(), kFuzzPoolPages},
                                    PoolSpec{FuzzBf16Layout(), kFuzzPoolPages}});
     config.share_pools = true;  // MapPool answers (host pools in /dev/shm)
+    config.allow_public_prefixes = true;
     if (kind.data_socket) config.transfer_listen = "127.0.0.1:0";
     if (kind.tenants) {
       config.tenants = {{"alice", kAliceToken}, {"bob", kBobToken}};
@@ -66,6 +68,16 @@ std::string FrameBytes(uint8_t kind, std::string_view bytes) {
 }
 
 void ExpectStoreEmpty(CacheStore& store) {
+  for (const PrefixInfo& prefix : store.Prefixes(std::nullopt)) {
+    if (!prefix.published) continue;
+    const absl::Status unpublished =
+        store.UnpublishPrefix(prefix.tenant, prefix.name, prefix.is_public)
+            .status();
+    if (!unpublished.ok()) {
+      Fail(absl::StrCat("unpublishing prefix ", prefix.name, " of tenant '",
+                        prefix.tenant, "': ", unpublished.ToString()));
+    }
+  }
   for (SessionId id : store.ListSessions()) {
     // A session being transferred may refuse; it is tried again below.
     (void)store.CloseSession(id);

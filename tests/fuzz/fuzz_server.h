@@ -50,9 +50,9 @@ struct Frame {
 std::vector<Frame> Frames(const uint8_t* data, size_t size);
 std::string FrameBytes(uint8_t kind, std::string_view bytes);
 
-// Closes every session left in the store and aborts (a finding) if its
-// pools do not get every page back within a few seconds: a call that
-// failed or was abandoned must leave nothing behind.
+// Unpublishes every prefix and closes every session left in the store, and
+// aborts (a finding) if its pools do not get every page back within a few
+// seconds: a call that failed or was abandoned must leave nothing behind.
 void ExpectStoreEmpty(CacheStore& store);
 
 // With KVKEEP_FUZZ_TRACE set, prints what a call answered (for writing

@@ -109,7 +109,12 @@ void ServiceSeeds() {
     kMapPool,
     kTransfer,
     kFork,
-    kWatch
+    kWatch,
+    kKeepAlive,
+    kPublish,
+    kUnpublish,
+    kPrefixes,
+    kMethods
   };
   const std::string t = "service_fuzz";
   Write(t, "info_list",
@@ -249,9 +254,36 @@ void ServiceSeeds() {
               FrameBytes(kWatch, Str(resume)) +
               FrameBytes(kWatch, Str(future)));
   }
+  {  // a lease renewed; a prefix published (twice, then public), a session
+     // started from it that evicts into it, the list, an unpublish while
+     // that session holds it, and a public one left for the end's check
+    v1::KeepAliveRequest keep;
+    keep.set_session_id("$");
+    v1::PublishPrefixRequest publish;
+    publish.set_session_id("$");
+    publish.set_name("system");
+    v1::CreateSessionRequest child;
+    child.set_layout("fuzz");
+    child.set_prefix("system");
+    child.mutable_budget()->set_tokens(6);
+    v1::UnpublishPrefixRequest unpublish;
+    unpublish.set_name("system");
+    std::string s =
+        FrameBytes(kKeepAlive, Str(keep)) +
+        FrameBytes(kAppend, Str(Append("$", 0, 5))) +
+        FrameBytes(kPublish, Str(publish)) +
+        FrameBytes(kPublish, Str(publish)) + FrameBytes(kCreate, Str(child)) +
+        FrameBytes(kAppend, Str(Append("$", 5, 4))) +
+        FrameBytes(kPrefixes, "") + FrameBytes(kUnpublish, Str(unpublish)) +
+        FrameBytes(kKeepAlive, Str(keep));
+    publish.set_is_public(true);
+    publish.set_name("public/system");
+    s += FrameBytes(kPublish, Str(publish));
+    Write(t, "lease_and_prefixes", s);
+  }
   {  // other callers (service_fuzz.cc): bob, nobody, a malformed token
     auto as = [](int caller, uint8_t method) {
-      return static_cast<uint8_t>(caller * (kWatch + 1) + method);
+      return static_cast<uint8_t>(caller * kMethods + method);
     };
     v1::GetSessionStatsRequest stats;
     stats.set_session_id("$");

@@ -46,6 +46,10 @@ enum Method : uint8_t {
   kTransferSession,
   kForkSession,
   kWatchEvents,
+  kKeepAlive,
+  kPublishPrefix,
+  kUnpublishPrefix,
+  kListPrefixes,
   kMethods
 };
 
@@ -159,6 +163,30 @@ class Script {
         Call<v1::ForkSessionRequest>(bytes, "ForkSession",
                                      &v1::KvKeep::Stub::ForkSession, resp);
         if (!resp.session_id().empty()) session_ = resp.session_id();
+        break;
+      }
+      case kKeepAlive: {
+        v1::KeepAliveResponse resp;
+        Call<v1::KeepAliveRequest>(bytes, "KeepAlive",
+                                   &v1::KvKeep::Stub::KeepAlive, resp);
+        break;
+      }
+      case kPublishPrefix: {
+        v1::PrefixInfo resp;
+        Call<v1::PublishPrefixRequest>(bytes, "PublishPrefix",
+                                       &v1::KvKeep::Stub::PublishPrefix, resp);
+        break;
+      }
+      case kUnpublishPrefix: {
+        v1::UnpublishPrefixResponse resp;
+        Call<v1::UnpublishPrefixRequest>(
+            bytes, "UnpublishPrefix", &v1::KvKeep::Stub::UnpublishPrefix, resp);
+        break;
+      }
+      case kListPrefixes: {
+        v1::ListPrefixesResponse resp;
+        Call<v1::ListPrefixesRequest>(bytes, "ListPrefixes",
+                                      &v1::KvKeep::Stub::ListPrefixes, resp);
         break;
       }
       case kCloseSession: {
