@@ -38,6 +38,11 @@ class ContiguousKv : public KvSource {
   const std::vector<std::byte>& arena(int32_t layer) const {
     return arenas_[layer];
   }
+  std::byte* mutable_arena(int32_t layer) { return arenas_[layer].data(); }
+  // Every layer's resident keys and values, in bytes.
+  int64_t held_bytes() const {
+    return static_cast<int64_t>(arenas_.size()) * 2 * resident() * token_bytes_;
+  }
 
   ResidentKv Layer(int32_t layer) const override;
 

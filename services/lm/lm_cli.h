@@ -44,6 +44,7 @@ struct Setup {
   std::string kv_format;  // KvFormat::Name() of the caches
   ModelConfig config;
   DType local_dtype = DType::kF32;             // --local
+  std::optional<Emulation> emulation;          // --local --emulate
   std::optional<client::KvKeepClient> client;  // kvkeepd
   v1::ServerInfo info;
   StoreSequenceOptions base;  // the flags' and the layout's

@@ -68,6 +68,11 @@ ABSL_FLAG(std::string, positions, "original",
 ABSL_FLAG(std::string, kv_dtype, "f32",
           "--local only: the cache's element type (f32, f16, bf16); with a "
           "server the layout's");
+ABSL_FLAG(
+    std::string, emulate, "",
+    "--local only: hold the cache in float32 but hand the model what a "
+    "quantised format would (int4/g32, int8/g32, fp8_e4m3/g32, or "
+    "KIVI's per-channel int4 keys kivi_int4/g32/t32; docs/quantization.md)");
 ABSL_FLAG(std::string, cache, "auto",
           "how the worker reads the session's cache: mapped (the store's host "
           "pool through MapPool, no copy), mirror (a copy kept from the "
@@ -295,11 +300,23 @@ absl::Status Connect(Setup& setup) {
     if (!dtype.ok()) return dtype.status();
     setup.local_dtype = *dtype;
     setup.kv_format = KvFormat(*dtype).Name();
-    setup.where =
-        absl::StrCat("local cache (", std::string(DTypeName(*dtype)), ")");
+    if (const std::string e = absl::GetFlag(FLAGS_emulate); !e.empty()) {
+      absl::StatusOr<Emulation> emulation = Emulation::Parse(e);
+      if (!emulation.ok()) return emulation.status();
+      if (*dtype != DType::kF32) {
+        return absl::InvalidArgumentError(
+            "--emulate holds the cache in f32: leave --kv_dtype at f32");
+      }
+      setup.emulation = *emulation;
+      setup.kv_format = emulation->Name();
+    }
+    setup.where = absl::StrCat("local cache (", setup.kv_format, ")");
     return Load(setup, *dtype, *positions);
   }
 
+  if (!absl::GetFlag(FLAGS_emulate).empty()) {
+    return absl::InvalidArgumentError("--emulate needs --local");
+  }
   client::ClientOptions options;
   options.address = absl::GetFlag(FLAGS_server);
   options.token = absl::GetFlag(FLAGS_token);
@@ -342,7 +359,11 @@ absl::StatusOr<std::vector<std::unique_ptr<Sequence>>> OpenSequences(
                          run.policy, " needs kvkeepd"));
       }
       sequences.push_back(
-          NewLocalSequence(setup.config, setup.local_dtype, run.label, tokens));
+          setup.emulation.has_value()
+              ? NewEmulatedSequence(setup.config, *setup.emulation, run.label,
+                                    tokens)
+              : NewLocalSequence(setup.config, setup.local_dtype, run.label,
+                                 tokens));
       continue;
     }
     StoreSequenceOptions o = setup.base;

@@ -27,10 +27,9 @@
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "kernels/quant_format.h"
-#include "kernels/quantize.h"
 #include "nlohmann/json.hpp"
 #include "services/lm/contiguous_kv.h"
+#include "services/lm/format_emulation.h"
 #include "services/lm/lm_cli.h"
 
 ABSL_DECLARE_FLAG(std::string, text);
@@ -101,58 +100,6 @@ void Attend(const Shape& s, const std::vector<float>& queries,
   }
 }
 
-// x through a stored format and back: bf16 rounding, or per-token records.
-// Bits per element (scales and zero points counted) into *bits.
-std::vector<float> PerToken(const Shape& s, DType dtype, int32_t group,
-                            const std::vector<float>& x, double* bits) {
-  const PageLayout layout{1, s.kv_heads, s.head_dim, dtype, group};
-  *bits = 8.0 * layout.token_bytes() / s.width();
-  std::vector<float> out(x.size());
-  if (!IsQuantized(dtype)) {
-    for (size_t i = 0; i < x.size(); ++i) {
-      out[i] = Bf16ToFloat(FloatToBf16(x[i]));
-    }
-    return out;
-  }
-  std::vector<std::byte> records(s.n * layout.token_bytes());
-  if (!QuantizeTokens(layout, DType::kF32, x.data(), s.n, records.data())
-           .ok()) {
-    return {};  // not finite: the caller says so
-  }
-  DequantizeTokens(layout, records.data(), s.n, DType::kF32, out.data());
-  return out;
-}
-
-// KIVI's keys: int4 (asymmetric, as stored) per channel over groups of
-// `group` consecutive tokens; the tokens after the last whole group in bf16.
-std::vector<float> PerChannelInt4(const Shape& s, int32_t group,
-                                  const std::vector<float>& x, double* bits) {
-  const QuantSpec spec = SpecOf(DType::kInt4);
-  const int64_t whole = s.n / group * group;
-  std::vector<float> out(x.size());
-  std::vector<uint8_t> codes(group / 2 + 1);
-  uint8_t scale[2], zero[1];
-  for (int64_t t0 = 0; t0 < whole; t0 += group) {
-    for (int64_t c = 0; c < s.width(); ++c) {
-      auto load = [&](int32_t i) { return x[(t0 + i) * s.width() + c]; };
-      if (QuantizeGroup(spec, load, group, codes.data(), 0, scale, zero) !=
-          QuantError::kOk) {
-        return {};
-      }
-      const float sc = LoadScale(scale, 0);
-      for (int32_t i = 0; i < group; ++i) {
-        out[(t0 + i) * s.width() + c] =
-            DequantCode(spec, LoadCode(4, codes.data(), i), sc, zero[0]);
-      }
-    }
-  }
-  for (int64_t i = whole * s.width(); i < static_cast<int64_t>(x.size()); ++i) {
-    out[i] = Bf16ToFloat(FloatToBf16(x[i]));
-  }
-  *bits = (whole * (4.0 + 24.0 / group) + (s.n - whole) * 16.0) / s.n;
-  return out;
-}
-
 struct Row {
   std::string format;
   int32_t layer = 0;
@@ -163,6 +110,7 @@ absl::Status MeasureLayer(const Shape& s, int32_t layer, const LayerData& d,
                           int32_t group, std::vector<Row>* rows) {
   std::vector<double> p_ref, o_ref;
   Attend(s, d.queries, d.keys, d.values, &p_ref, &o_ref);
+  const TokenBlock block{s.n, s.kv_heads, s.head_dim};
   struct Format {
     std::string name;
     DType dtype;
@@ -176,10 +124,10 @@ absl::Status MeasureLayer(const Shape& s, int32_t layer, const LayerData& d,
                           Format{"kivi_int4" + g, DType::kInt4, true}}) {
     Row row{f.name, layer};
     const std::vector<float> k =
-        f.kivi ? PerChannelInt4(s, group, d.keys, &row.bits_k)
-               : PerToken(s, f.dtype, group, d.keys, &row.bits_k);
+        f.kivi ? ThroughPerChannelInt4(block, group, d.keys, &row.bits_k)
+               : ThroughPerToken(block, f.dtype, group, d.keys, &row.bits_k);
     const std::vector<float> v =
-        PerToken(s, f.dtype, group, d.values, &row.bits_v);
+        ThroughPerToken(block, f.dtype, group, d.values, &row.bits_v);
     if (k.empty() || v.empty()) {
       return absl::InternalError(absl::StrCat(
           "layer ", layer, ": ", f.name, " cannot hold the model's K or V"));

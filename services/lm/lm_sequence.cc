@@ -58,11 +58,14 @@ absl::StatusOr<PolicyNeeds> NeedsOf(
       "' in ServerInfo.policy_info (kvkeep info lists its policies)"));
 }
 
+// Cache: ContiguousKv or EmulatedKv.
+template <typename Cache>
 class LocalSequence final : public Sequence {
  public:
-  LocalSequence(const ModelConfig& config, DType dtype, std::string label,
-                int64_t capacity_tokens)
-      : cache_(config, dtype, capacity_tokens),
+  template <typename Format>
+  LocalSequence(const ModelConfig& config, const Format& format,
+                std::string label, int64_t capacity_tokens)
+      : cache_(config, format, capacity_tokens),
         layers_(config.layers),
         label_(std::move(label)) {}
 
@@ -77,7 +80,7 @@ class LocalSequence final : public Sequence {
     CacheUsage usage;
     usage.resident_tokens_per_layer = static_cast<double>(cache_.resident());
     usage.resident_tokens = cache_.resident() * layers_;
-    usage.bytes = 2 * usage.resident_tokens * cache_.token_bytes();
+    usage.bytes = cache_.held_bytes();
     return usage;
   }
   absl::Status Close() override { return absl::OkStatus(); }
@@ -85,7 +88,7 @@ class LocalSequence final : public Sequence {
   std::string_view access() const override { return "local"; }
 
  private:
-  ContiguousKv cache_;
+  Cache cache_;
   int32_t layers_;
   std::string label_;
 };
@@ -334,8 +337,16 @@ class StoreSequence final : public Sequence {
 std::unique_ptr<Sequence> NewLocalSequence(const ModelConfig& config,
                                            DType kv_dtype, std::string label,
                                            int64_t capacity_tokens) {
-  return std::make_unique<LocalSequence>(config, kv_dtype, std::move(label),
-                                         capacity_tokens);
+  return std::make_unique<LocalSequence<ContiguousKv>>(
+      config, KvFormat(kv_dtype), std::move(label), capacity_tokens);
+}
+
+std::unique_ptr<Sequence> NewEmulatedSequence(const ModelConfig& config,
+                                              const Emulation& emulation,
+                                              std::string label,
+                                              int64_t capacity_tokens) {
+  return std::make_unique<LocalSequence<EmulatedKv>>(
+      config, emulation, std::move(label), capacity_tokens);
 }
 
 absl::StatusOr<KvFormat> FormatOf(const v1::Layout& layout) {

@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "services/client/kvkeep_client.h"
 #include "services/lm/contiguous_kv.h"
+#include "services/lm/emulated_kv.h"
 #include "services/lm/kv_caches.h"
 #include "services/lm/model.h"
 
@@ -76,6 +77,12 @@ class Sequence {
 std::unique_ptr<Sequence> NewLocalSequence(const ModelConfig& config,
                                            DType kv_dtype, std::string label,
                                            int64_t capacity_tokens);
+// The same on an emulated quantised cache (emulated_kv.h): its usage is the
+// bytes the format would hold.
+std::unique_ptr<Sequence> NewEmulatedSequence(const ModelConfig& config,
+                                              const Emulation& emulation,
+                                              std::string label,
+                                              int64_t capacity_tokens);
 
 // How a store sequence reads its cache.
 enum class CacheAccess {

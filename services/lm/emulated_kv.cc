@@ -1,0 +1,160 @@
+#include "services/lm/emulated_kv.h"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "kernels/quant_format.h"
+#include "services/lm/format_emulation.h"
+
+namespace kvkeep::lm {
+namespace {
+
+bool ParseCount(const std::string& text, char prefix, int32_t* out) {
+  return text.size() > 1 && text[0] == prefix &&
+         absl::SimpleAtoi(text.substr(1), out) && *out > 0;
+}
+
+}  // namespace
+
+absl::StatusOr<Emulation> Emulation::Parse(const std::string& text) {
+  const std::vector<std::string> parts = absl::StrSplit(text, '/');
+  const auto bad = [&](const char* why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--emulate=", text, ": ", why,
+                     " (expected int4/g32, int8/g32, fp8_e4m3/g32 or "
+                     "kivi_int4/g32/t32)"));
+  };
+  Emulation e;
+  const bool kivi = parts[0] == "kivi_int4";
+  if (kivi || parts[0] == "int4") {
+    e.dtype = DType::kInt4;
+  } else if (parts[0] == "int8") {
+    e.dtype = DType::kInt8;
+  } else if (parts[0] == "fp8_e4m3") {
+    e.dtype = DType::kFp8E4M3;
+  } else {
+    return bad("unknown format");
+  }
+  if (parts.size() != (kivi ? 3u : 2u) ||
+      !ParseCount(parts[1], 'g', &e.group_size) ||
+      (kivi && !ParseCount(parts[2], 't', &e.key_group_tokens))) {
+    return bad("no group size");
+  }
+  return e;
+}
+
+std::string Emulation::Name() const {
+  if (key_group_tokens > 0) {
+    return absl::StrCat("kivi_int4/g", group_size, "/t", key_group_tokens,
+                        " (emulated)");
+  }
+  return absl::StrCat(std::string(DTypeName(dtype)), "/g", group_size,
+                      " (emulated)");
+}
+
+EmulatedKv::EmulatedKv(const ModelConfig& config, const Emulation& emulation,
+                       int64_t capacity_tokens)
+    : emulation_(emulation),
+      layers_(config.layers),
+      kv_heads_(config.kv_heads),
+      head_dim_(config.head_dim),
+      cache_(config, DType::kF32, capacity_tokens) {}
+
+float* EmulatedKv::Tokens(int32_t layer, int kv, int64_t first) {
+  // ContiguousKv's arena: [2 (K, V)][capacity][kv_heads][head_dim] floats.
+  const int64_t width = int64_t{kv_heads_} * head_dim_;
+  float* arena = reinterpret_cast<float*>(cache_.mutable_arena(layer));
+  return arena + (kv * cache_.capacity_tokens() + first) * width;
+}
+
+absl::Status EmulatedKv::Append(const SequenceStep& step) {
+  // Refused before anything is appended (the formats hold finite values).
+  for (size_t l = 0; l < step.keys.size() && l < step.values.size(); ++l) {
+    for (const std::string* x : {&step.keys[l], &step.values[l]}) {
+      for (size_t i = 0; i + sizeof(float) <= x->size(); i += sizeof(float)) {
+        float v;
+        std::memcpy(&v, x->data() + i, sizeof v);
+        if (!std::isfinite(v)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("layer ", l, " holds a value ", emulation_.Name(),
+                           " cannot (not finite)"));
+        }
+      }
+    }
+  }
+  const int64_t first = resident();
+  if (absl::Status s = cache_.Append(step); !s.ok()) return s;
+  const int64_t n = resident() - first;
+  if (absl::Status s = RoundNew(first, n); !s.ok()) return s;
+  const int64_t g = emulation_.key_group_tokens;
+  if (g > 0) {
+    for (int64_t end = (first / g + 1) * g; end <= first + n; end += g) {
+      if (absl::Status s = RoundKeyGroup(end - g); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EmulatedKv::RoundNew(int64_t first, int64_t n) {
+  const TokenBlock block{n, kv_heads_, head_dim_};
+  std::vector<float> x(n * block.width());
+  for (int32_t l = 0; l < layers_; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      float* tokens = Tokens(l, kv, first);
+      for (size_t i = 0; i < x.size(); ++i) {
+        x[i] = Bf16ToFloat(FloatToBf16(tokens[i]));
+      }
+      double bits = 0;
+      const bool window = kv == 0 && emulation_.key_group_tokens > 0;
+      const std::vector<float> y =
+          window ? x
+                 : ThroughPerToken(block, emulation_.dtype,
+                                   emulation_.group_size, x, &bits);
+      if (y.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("layer ", l, " holds a value ", emulation_.Name(),
+                         " cannot (not finite)"));
+      }
+      std::memcpy(tokens, y.data(), y.size() * sizeof(float));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EmulatedKv::RoundKeyGroup(int64_t first) {
+  const int32_t g = emulation_.key_group_tokens;
+  const TokenBlock block{g, kv_heads_, head_dim_};
+  for (int32_t l = 0; l < layers_; ++l) {
+    float* keys = Tokens(l, 0, first);
+    const std::vector<float> x(keys, keys + g * block.width());
+    double bits = 0;
+    const std::vector<float> y = ThroughPerChannelInt4(block, g, x, &bits);
+    if (y.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer ", l, " holds keys int4 cannot (not finite)"));
+    }
+    std::memcpy(keys, y.data(), y.size() * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+int64_t EmulatedKv::held_bytes() const {
+  const PageLayout per_token{1, kv_heads_, head_dim_, emulation_.dtype,
+                             emulation_.group_size};
+  const int64_t width = int64_t{kv_heads_} * head_dim_;
+  const int64_t n = resident();
+  int64_t keys = n * per_token.token_bytes();
+  if (const int64_t g = emulation_.key_group_tokens; g > 0) {
+    // Per group: width int4 codes a token, and a binary16 scale and an int4
+    // zero point (3 bytes, as the store keeps them) a channel.
+    const int64_t whole = n / g * g;
+    keys = whole * width / 2 + whole / g * width * 3 + (n - whole) * width * 2;
+  }
+  return layers_ * (keys + n * per_token.token_bytes());
+}
+
+}  // namespace kvkeep::lm

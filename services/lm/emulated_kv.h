@@ -1,0 +1,65 @@
+// A local cache (no kvkeepd) that holds float32 but hands the model what a
+// quantised cache would: for comparing a format the store does not have
+// (KIVI's per-channel keys) with one it has, on the real model and on equal
+// terms (docs/quantization.md). Every appended token goes to bf16 first (a
+// worker sends bf16 to kvkeepd's quantised layouts), then its values, and
+// its keys, through a per-token format (format_emulation.h); with KIVI's
+// keys, each group of `key_group_tokens` consecutive tokens goes through
+// per-channel int4 once it is whole, its keys held in bf16 until then.
+#ifndef KVKEEP_SERVICES_LM_EMULATED_KV_H_
+#define KVKEEP_SERVICES_LM_EMULATED_KV_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "services/lm/contiguous_kv.h"
+#include "services/lm/model.h"
+
+namespace kvkeep::lm {
+
+struct Emulation {
+  DType dtype = DType::kInt4;    // per-token records: values, and keys unless
+  int32_t group_size = 32;       //   KIVI; elements per group along head_dim
+  int32_t key_group_tokens = 0;  // > 0: KIVI's keys (int4, per channel)
+
+  // "int4/g32", "int8/g32", "fp8_e4m3/g32" (the stored formats, emulated)
+  // or "kivi_int4/g32/t32" (per-channel int4 keys over 32 tokens; the
+  // values as int4/g32). INVALID_ARGUMENT naming what is wrong otherwise.
+  static absl::StatusOr<Emulation> Parse(const std::string& text);
+  std::string Name() const;  // the text Parse reads, and " (emulated)"
+};
+
+class EmulatedKv : public KvSource {
+ public:
+  EmulatedKv(const ModelConfig& config, const Emulation& emulation,
+             int64_t capacity_tokens);
+
+  // As ContiguousKv::Append (float32 keys and values); INVALID_ARGUMENT,
+  // nothing appended, when a value is not finite.
+  absl::Status Append(const SequenceStep& step);
+
+  int64_t resident() const { return cache_.resident(); }
+  // What the format would hold for the resident tokens, every layer's keys
+  // and values, scales and zero points counted.
+  int64_t held_bytes() const;
+
+  ResidentKv Layer(int32_t layer) const override { return cache_.Layer(layer); }
+
+ private:
+  // Tokens [first, first + n) of every layer's keys (0) or values (1)
+  // through the format, in place: per token, or (keys of KIVI) as bf16.
+  absl::Status RoundNew(int64_t first, int64_t n);
+  // KIVI: the keys of the group starting at `first`, per channel.
+  absl::Status RoundKeyGroup(int64_t first);
+  float* Tokens(int32_t layer, int kv, int64_t first);
+
+  Emulation emulation_;
+  int32_t layers_, kv_heads_, head_dim_;
+  ContiguousKv cache_;  // float32
+};
+
+}  // namespace kvkeep::lm
+
+#endif  // KVKEEP_SERVICES_LM_EMULATED_KV_H_

@@ -1,0 +1,207 @@
+// The emulated quantised cache (services/lm/emulated_kv.h) that measures
+// KIVI's per-channel keys on the real model: what it hands the model is
+// the formats' CPU twins applied to the bf16 of what was appended — per
+// token for values (and keys of the stored formats), per channel over each
+// whole group of tokens for KIVI's keys, bf16 until the group is whole — the
+// same whether tokens come one at a time or in chunks that straddle the
+// groups; its bytes are the format's.
+#include "services/lm/emulated_kv.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/quant_format.h"
+#include "services/lm/format_emulation.h"
+
+namespace kvkeep::lm {
+namespace {
+
+constexpr int32_t kLayers = 2, kKvHeads = 2, kHeadDim = 8;
+constexpr int64_t kWidth = kKvHeads * kHeadDim;
+
+ModelConfig Config() {
+  ModelConfig c;
+  c.layers = kLayers;
+  c.kv_heads = kKvHeads;
+  c.query_heads = 4;
+  c.head_dim = kHeadDim;
+  return c;
+}
+
+// Keys and values [layer][kv][token][width] for n tokens, random with an
+// outlier channel in the keys (what makes per-token int4 keys poor).
+using Tokens = std::vector<std::vector<std::vector<float>>>;
+Tokens RandomTokens(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  Tokens t(kLayers, std::vector<std::vector<float>>(2));
+  for (auto& layer : t) {
+    for (int kv = 0; kv < 2; ++kv) {
+      layer[kv].resize(n * kWidth);
+      for (int64_t i = 0; i < n * kWidth; ++i) {
+        layer[kv][i] = dist(rng) + (kv == 0 && i % kWidth == 3 ? 20.0f : 0.0f);
+      }
+    }
+  }
+  return t;
+}
+
+std::string Bytes(const std::vector<float>& x, int64_t first, int64_t n) {
+  return std::string(reinterpret_cast<const char*>(&x[first * kWidth]),
+                     n * kWidth * sizeof(float));
+}
+
+// Appends tokens [first, first + n).
+absl::Status Append(EmulatedKv& cache, const Tokens& t, int64_t first,
+                    int64_t n) {
+  std::vector<int32_t> ids(n, 1);
+  std::vector<int64_t> positions(n);
+  for (int64_t i = 0; i < n; ++i) positions[i] = first + i;
+  SequenceStep step;
+  step.tokens = ids;
+  step.positions = positions;
+  for (int32_t l = 0; l < kLayers; ++l) {
+    step.keys.push_back(Bytes(t[l][0], first, n));
+    step.values.push_back(Bytes(t[l][1], first, n));
+  }
+  return cache.Append(step);
+}
+
+// What the cache hands the model: [layer][kv][token][width].
+Tokens Read(const EmulatedKv& cache) {
+  Tokens out(kLayers, std::vector<std::vector<float>>(2));
+  for (int32_t l = 0; l < kLayers; ++l) {
+    const ResidentKv r = cache.Layer(l);
+    const float* arena = reinterpret_cast<const float*>(r.arena);
+    for (int kv = 0; kv < 2; ++kv) {
+      const float* first = arena + kv * r.page_tokens * kWidth;
+      out[l][kv].assign(first, first + r.resident * kWidth);
+    }
+  }
+  return out;
+}
+
+std::vector<float> Bf16(const std::vector<float>& x) {
+  std::vector<float> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = Bf16ToFloat(FloatToBf16(x[i]));
+  return y;
+}
+
+TEST(EmulationTest, ParsesTheFormatsAndNamesWhatIsWrong) {
+  absl::StatusOr<Emulation> kivi = Emulation::Parse("kivi_int4/g8/t4");
+  ASSERT_TRUE(kivi.ok()) << kivi.status();
+  EXPECT_EQ(kivi->dtype, DType::kInt4);
+  EXPECT_EQ(kivi->group_size, 8);
+  EXPECT_EQ(kivi->key_group_tokens, 4);
+  EXPECT_EQ(kivi->Name(), "kivi_int4/g8/t4 (emulated)");
+  absl::StatusOr<Emulation> int8 = Emulation::Parse("int8/g32");
+  ASSERT_TRUE(int8.ok()) << int8.status();
+  EXPECT_EQ(int8->dtype, DType::kInt8);
+  EXPECT_EQ(int8->key_group_tokens, 0);
+  for (const char* bad : {"int3/g32", "int4", "int4/32", "int4/g0",
+                          "kivi_int4/g32", "kivi_int4/g32/32", "int8/g32/t4"}) {
+    absl::StatusOr<Emulation> e = Emulation::Parse(bad);
+    EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(e.status().message().find(bad), std::string::npos) << e.status();
+  }
+}
+
+// KIVI with groups of 4 tokens, fed 11 tokens as 3 + 1 + 5 + 2 (chunks that
+// end inside, at and across group ends): keys of tokens 0-7 per channel,
+// 8-10 in bf16; values per token; one token at a time gives the same.
+TEST(EmulatedKvTest, KiviKeysArePerChannelOverWholeGroupsAndBf16After) {
+  const Emulation kivi = *Emulation::Parse("kivi_int4/g8/t4");
+  const Tokens t = RandomTokens(11, 5);
+  EmulatedKv chunks(Config(), kivi, 16), singles(Config(), kivi, 16);
+  int64_t at = 0;
+  for (int64_t n : {3, 1, 5, 2}) {
+    ASSERT_TRUE(Append(chunks, t, at, n).ok());
+    at += n;
+  }
+  for (int64_t i = 0; i < 11; ++i) ASSERT_TRUE(Append(singles, t, i, 1).ok());
+  const Tokens got = Read(chunks);
+  EXPECT_EQ(got, Read(singles));
+
+  const TokenBlock group{4, kKvHeads, kHeadDim}, block{11, kKvHeads, kHeadDim};
+  double bits = 0;
+  for (int32_t l = 0; l < kLayers; ++l) {
+    const std::vector<float> keys = Bf16(t[l][0]);
+    std::vector<float> want(keys.begin() + 8 * kWidth, keys.end());
+    for (int64_t g = 1; g >= 0; --g) {
+      const std::vector<float> x(keys.begin() + g * 4 * kWidth,
+                                 keys.begin() + (g + 1) * 4 * kWidth);
+      const std::vector<float> y = ThroughPerChannelInt4(group, 4, x, &bits);
+      want.insert(want.begin(), y.begin(), y.end());
+    }
+    EXPECT_EQ(got[l][0], want) << "keys of layer " << l;
+    EXPECT_EQ(got[l][1],
+              ThroughPerToken(block, DType::kInt4, 8, Bf16(t[l][1]), &bits))
+        << "values of layer " << l;
+  }
+}
+
+TEST(EmulatedKvTest, StoredFormatsRoundKeysAndValuesPerToken) {
+  const Tokens t = RandomTokens(6, 9);
+  const TokenBlock block{6, kKvHeads, kHeadDim};
+  for (const char* format : {"int4/g8", "int8/g4", "fp8_e4m3/g8"}) {
+    const Emulation e = *Emulation::Parse(format);
+    EmulatedKv cache(Config(), e, 8);
+    ASSERT_TRUE(Append(cache, t, 0, 2).ok());
+    ASSERT_TRUE(Append(cache, t, 2, 4).ok());
+    const Tokens got = Read(cache);
+    double bits = 0;
+    for (int32_t l = 0; l < kLayers; ++l) {
+      for (int kv = 0; kv < 2; ++kv) {
+        EXPECT_EQ(got[l][kv], ThroughPerToken(block, e.dtype, e.group_size,
+                                              Bf16(t[l][kv]), &bits))
+            << format << " layer " << l << " kv " << kv;
+      }
+    }
+    // The stored format's own token records, keys and values, every layer.
+    const PageLayout records{1, kKvHeads, kHeadDim, e.dtype, e.group_size};
+    EXPECT_EQ(cache.held_bytes(), kLayers * 2 * 6 * records.token_bytes())
+        << format;
+  }
+}
+
+TEST(EmulatedKvTest, KiviHoldsItsBytesAndPerChannelKeysErrLess) {
+  const Tokens t = RandomTokens(10, 3);
+  EmulatedKv kivi(Config(), *Emulation::Parse("kivi_int4/g8/t4"), 16);
+  EmulatedKv int4(Config(), *Emulation::Parse("int4/g8"), 16);
+  ASSERT_TRUE(Append(kivi, t, 0, 10).ok());
+  ASSERT_TRUE(Append(int4, t, 0, 10).ok());
+  // Keys: 8 tokens in int4 codes (kWidth / 2 bytes each) plus 3 bytes per
+  // channel per group, 2 tokens in bf16; values as int4/g8's records.
+  const PageLayout values{1, kKvHeads, kHeadDim, DType::kInt4, 8};
+  EXPECT_EQ(kivi.held_bytes(),
+            kLayers * (8 * kWidth / 2 + 2 * kWidth * 3 + 2 * kWidth * 2 +
+                       10 * values.token_bytes()));
+  // The outlier channel: per-token groups spend their range on it.
+  double kivi_err = 0, int4_err = 0;
+  const Tokens a = Read(kivi), b = Read(int4);
+  for (int32_t l = 0; l < kLayers; ++l) {
+    for (int64_t i = 0; i < 8 * kWidth; ++i) {
+      kivi_err += std::fabs(a[l][0][i] - t[l][0][i]);
+      int4_err += std::fabs(b[l][0][i] - t[l][0][i]);
+    }
+  }
+  EXPECT_LT(kivi_err, 0.5 * int4_err);
+}
+
+TEST(EmulatedKvTest, RefusesANonFiniteValue) {
+  Tokens t = RandomTokens(2, 1);
+  t[1][1][5] = std::numeric_limits<float>::infinity();
+  EmulatedKv cache(Config(), *Emulation::Parse("int4/g8"), 4);
+  const absl::Status s = Append(cache, t, 0, 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("not finite"), std::string::npos) << s;
+  EXPECT_EQ(cache.resident(), 0);
+}
+
+}  // namespace
+}  // namespace kvkeep::lm
