@@ -102,19 +102,29 @@ std::vector<std::byte> Floats(const std::vector<float>& values) {
   return bytes;
 }
 
-// One layer of f32; the store's pool is far larger than any trace needs.
+// One layer of `dtype` (a quantised one appended as f32, in groups of the
+// whole head_dim); the store's pool is far larger than any trace needs.
 ModelLayout OneLayer(int32_t kv_heads, int32_t query_heads, int32_t head_dim,
-                     int32_t page_tokens) {
+                     int32_t page_tokens, DType dtype = DType::kF32) {
   ModelLayout layout;
   layout.name = "golden";
   layout.num_layers = 1;
   layout.kv_heads = kv_heads;
   layout.query_heads = query_heads;
   layout.head_dim = head_dim;
-  layout.dtype = DType::kF32;
+  layout.dtype = dtype;
+  if (IsQuantized(dtype)) {
+    layout.group_size = head_dim;
+    layout.append_dtype = DType::kF32;
+  }
   layout.page_tokens = page_tokens;
   return layout;
 }
+
+// Eviction decides on scores alone: with probabilities as input, a layout
+// that stores int8, fp8_e4m3 or int4 records keeps the reference set too.
+constexpr DType kEveryDType[] = {DType::kF32, DType::kInt8, DType::kFp8E4M3,
+                                 DType::kInt4};
 
 std::unique_ptr<CacheStore> NewStore(const ModelLayout& layout) {
   absl::StatusOr<std::unique_ptr<CacheStore>> store =
@@ -223,14 +233,18 @@ std::vector<float> StepProbabilities(const StreamCase& c, int64_t t,
   return probs;
 }
 
-// Replays the stream with the given page size; `shared_kv` makes every query
-// head read one kv head (GQA), which must not change the probabilities' use.
-void ReplayStream(const StreamCase& c, int32_t page_tokens, bool shared_kv) {
+// Replays the stream with the given page size and stored dtype; `shared_kv`
+// makes every query head read one kv head (GQA), which must not change the
+// probabilities' use.
+void ReplayStream(const StreamCase& c, int32_t page_tokens, bool shared_kv,
+                  DType dtype) {
   SCOPED_TRACE(absl::StrCat("page_tokens=", page_tokens,
-                            " kv_heads=", shared_kv ? 1 : c.heads));
+                            " kv_heads=", shared_kv ? 1 : c.heads,
+                            " dtype=", std::string(DTypeName(dtype))));
   constexpr int32_t kHeadDim = 2;
   const int32_t kv_heads = shared_kv ? 1 : c.heads;
-  const ModelLayout layout = OneLayer(kv_heads, c.heads, kHeadDim, page_tokens);
+  const ModelLayout layout =
+      OneLayer(kv_heads, c.heads, kHeadDim, page_tokens, dtype);
   std::unique_ptr<CacheStore> store = NewStore(layout);
   ASSERT_NE(store, nullptr);
   absl::StatusOr<SessionId> id =
@@ -333,13 +347,15 @@ std::vector<float> WindowProbabilities(const SnapCase& c,
 // Appends the prompt and compresses it: with the window's query vectors
 // (kQueries: the store computes the attention) or with the attention the test
 // computed (kPerHead).
-void ReplaySnap(const SnapCase& c, int32_t page_tokens, ScoreSource source) {
+void ReplaySnap(const SnapCase& c, int32_t page_tokens, ScoreSource source,
+                DType dtype = DType::kF32) {
   SCOPED_TRACE(absl::StrCat(
       "page_tokens=", page_tokens,
-      " source=", source == ScoreSource::kQueries ? "queries" : "per-head"));
+      " source=", source == ScoreSource::kQueries ? "queries" : "per-head",
+      " dtype=", std::string(DTypeName(dtype))));
   const int64_t n = static_cast<int64_t>(c.q.size());
   const int32_t d = static_cast<int32_t>(c.q[0].size());
-  const ModelLayout layout = OneLayer(1, 1, d, page_tokens);
+  const ModelLayout layout = OneLayer(1, 1, d, page_tokens, dtype);
   std::unique_ptr<CacheStore> store = NewStore(layout);
   ASSERT_NE(store, nullptr);
   absl::StatusOr<SessionId> id = store->CreateSession(
@@ -409,6 +425,13 @@ TEST_P(GoldenTest, KeepsTheReferenceSet) {
              {ScoreSource::kQueries, ScoreSource::kPerHead}) {
           ReplaySnap(c, page_tokens, source);
         }
+        // Queries score the stored keys, which quantising changes: the
+        // probabilities only.
+        for (DType dtype : kEveryDType) {
+          if (dtype != DType::kF32) {
+            ReplaySnap(c, page_tokens, ScoreSource::kPerHead, dtype);
+          }
+        }
       }
       return;
     }
@@ -416,8 +439,10 @@ TEST_P(GoldenTest, KeepsTheReferenceSet) {
     ASSERT_TRUE(ParseStream(golden, c));  // fails on an unknown policy
     for (int32_t page_tokens : {4, 1, 7}) {
       for (bool shared_kv : {false, true}) {
-        ReplayStream(c, page_tokens, shared_kv);
-        if (HasFatalFailure()) return;
+        for (DType dtype : kEveryDType) {
+          ReplayStream(c, page_tokens, shared_kv, dtype);
+          if (HasFatalFailure()) return;
+        }
       }
     }
   } catch (const json::exception& e) {
