@@ -28,8 +28,12 @@
 // (docs/security.md): they have no data socket, so only "host" runs, over
 // the encrypted store-to-store channel. Compare with a plaintext run.
 //
+// --dtype=int8|fp8_e4m3|int4 (default bf16): the pages store that format
+// (groups of 32, appended as bf16); the session has the same tokens as the
+// bf16 one of GIB, in fewer bytes.
+//
 //   build/bin/transfer_bench [GIB] [--cold] [--nccl] [--transports=tcp,host]
-//                            [--rounds=5] [--tls=CERT,KEY]
+//                            [--rounds=5] [--tls=CERT,KEY] [--dtype=bf16]
 #include <arpa/inet.h>
 #include <malloc.h>
 #include <netinet/in.h>
@@ -54,6 +58,7 @@
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "kernels/dtype.h"
 #include "services/kvkeepd/kvkeep_server.h"
 
 #if defined(KVKEEP_HAVE_CUDA)
@@ -65,14 +70,20 @@ namespace {
 
 constexpr int kMessageBytes = 64 << 20;
 
-ModelLayout Layout() {
+// Stored as `dtype`: bf16, or a quantised dtype (groups of 32, appended as
+// bf16).
+ModelLayout Layout(DType dtype) {
   ModelLayout l;
   l.name = "big";
   l.num_layers = 32;
   l.kv_heads = 8;
   l.query_heads = 32;
   l.head_dim = 128;
-  l.dtype = DType::kBF16;
+  l.dtype = dtype;
+  if (IsQuantized(dtype)) {
+    l.group_size = 32;
+    l.append_dtype = DType::kBF16;
+  }
   l.page_tokens = 16;
   return l;
 }
@@ -81,7 +92,7 @@ ModelLayout Layout() {
 class Server {
  public:
   // With `tls` (certificate and key files), TLS as docs/security.md says.
-  Server(int64_t pages, Device device,
+  Server(const ModelLayout& layout, int64_t pages, Device device,
          const std::vector<std::string>& tls = {}) {
     ServerConfig config;
     if (tls.size() == 2) {
@@ -92,7 +103,7 @@ class Server {
     config.listen = "127.0.0.1:0";
     config.metrics_listen = "off";
     config.transfer_listen = tls.empty() ? "127.0.0.1:0" : "";
-    config.pools.push_back(PoolSpec{Layout(), pages});
+    config.pools.push_back(PoolSpec{layout, pages});
     config.device = device.name();
     config.max_message_bytes = kMessageBytes;
     config.peers.token = "transfer-bench-peer-token";
@@ -215,8 +226,22 @@ int Main(int argc, char** argv) {
   std::vector<std::string> transports = {"tcp", "host"};
   int rounds = 5;
   std::vector<std::string> tls;  // certificate and key files
+  DType dtype = DType::kBF16;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
+    if (absl::StartsWith(arg, "--dtype=")) {
+      const std::string name = arg.substr(8);
+      bool found = false;
+      for (DType d :
+           {DType::kBF16, DType::kInt8, DType::kFp8E4M3, DType::kInt4}) {
+        if (name == DTypeName(d)) dtype = d, found = true;
+      }
+      if (!found) {
+        std::fprintf(stderr, "--dtype: bf16, int8, fp8_e4m3 or int4\n");
+        return 2;
+      }
+      continue;
+    }
     if (absl::StartsWith(arg, "--tls=")) {
       tls = absl::StrSplit(arg.substr(6), ',');
       transports = {"host"};
@@ -240,18 +265,24 @@ int Main(int argc, char** argv) {
                  CudaDeviceCount());
     return 2;
   }
-  const ModelLayout layout = Layout();
-  const int64_t token_bytes = layout.page_layout().token_bytes();  // K only
+  const ModelLayout layout = Layout(dtype);
+  // One token's keys (or values) as stored, and as appended (bf16). The
+  // session's tokens are what GIB holds in bf16, whatever the dtype: the
+  // same session, in fewer bytes when quantised.
+  const int64_t token_bytes = layout.page_layout().token_bytes();
+  const int64_t append_bytes = int64_t{layout.kv_heads} * layout.head_dim * 2;
   const int64_t tokens = static_cast<int64_t>(gib * (1 << 30)) /
-                         (2 * token_bytes * layout.num_layers);
+                         (2 * append_bytes * layout.num_layers);
   const int64_t pages = (tokens + layout.page_tokens - 1) / layout.page_tokens *
                         layout.num_layers;
   if (!tls.empty() && tls.size() != 2) {
     std::fprintf(stderr, "--tls=CERT,KEY names two files\n");
     return 2;
   }
-  Server source(pages, nccl ? Device{Device::Kind::kCuda, 0} : Device{}, tls);
-  Server target(pages, nccl ? Device{Device::Kind::kCuda, 1} : Device{}, tls);
+  Server source(layout, pages, nccl ? Device{Device::Kind::kCuda, 0} : Device{},
+                tls);
+  Server target(layout, pages, nccl ? Device{Device::Kind::kCuda, 1} : Device{},
+                tls);
   std::shared_ptr<grpc::ChannelCredentials> credentials =
       grpc::InsecureChannelCredentials();
   if (!tls.empty()) {
@@ -262,8 +293,14 @@ int Main(int argc, char** argv) {
 
   SessionSpec spec{"big", {"full", {}}, {}};
   std::mt19937 rng(1);
-  std::vector<std::byte> kv(1024 * token_bytes);
-  for (std::byte& b : kv) b = static_cast<std::byte>(rng());
+  // Finite bf16 values (a quantised layout refuses anything else).
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<std::byte> kv(1024 * append_bytes);
+  for (size_t i = 0; i < kv.size(); i += 2) {
+    const uint16_t h = FloatToBf16(normal(rng));
+    kv[i] = static_cast<std::byte>(h & 0xff);
+    kv[i + 1] = static_cast<std::byte>(h >> 8);
+  }
   // A session of `tokens` random tokens in `store`.
   auto fill = [&](CacheStore& store) -> SessionId {
     const SessionId id = *store.CreateSession(spec);
@@ -271,7 +308,7 @@ int Main(int argc, char** argv) {
       const int64_t n = std::min<int64_t>(1024, tokens - first);
       std::vector<int64_t> positions(n);
       for (int64_t i = 0; i < n; ++i) positions[i] = first + i;
-      const std::span<const std::byte> bytes(kv.data(), n * token_bytes);
+      const std::span<const std::byte> bytes(kv.data(), n * append_bytes);
       std::vector<LayerKv> layers(layout.num_layers, LayerKv{bytes, bytes});
       if (!store.Append(id, AppendRequest{positions, layers}).ok()) {
         std::fprintf(stderr, "append failed\n");
@@ -290,9 +327,10 @@ int Main(int argc, char** argv) {
     if (!target.store().CloseSession(warm).ok()) return 1;
   }
   const int64_t moved_bytes = 2 * tokens * token_bytes * layout.num_layers;
-  std::printf("session: %lld tokens x %d layers, %.2f GiB of keys and values\n",
-              static_cast<long long>(tokens), layout.num_layers,
-              moved_bytes / double(1 << 30));
+  std::printf(
+      "session: %lld tokens x %d layers, %s, %.3f GiB of keys and values\n",
+      static_cast<long long>(tokens), layout.num_layers,
+      std::string(DTypeName(dtype)).c_str(), moved_bytes / double(1 << 30));
 
   // Rounds of: the baselines, then each transport (each moving the session
   // to the other store). The machine's noise moves single runs by tens of
