@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # KIVI's per-channel int4 keys against the store's per-token int4 at the same
-# bits, on the real model (issue 17's granularity question;
-# docs/quantization.md): full-cache perplexity of SmolLM2-135M on the first
+# bits, and int2 both ways (is it usable?), on the real model (issue 17's
+# granularity and int2 questions; docs/quantization.md): full-cache perplexity of SmolLM2-135M on the first
 # TOKENS tokens of Genesis with kvkeep-lm's local cache emulating each format
 # (--emulate: float32 arenas holding what the format's CPU twins give back;
 # services/lm/emulated_kv.h), beside the local f32 and bf16 caches. One
@@ -30,7 +30,7 @@ for kv in f32 bf16; do
   files+=("$out/emulated-$kv-$tokens.json")
 done
 for f in int8/g32 int4/g32 kivi_int4/g32/t32 kivi_int4/g32/t16 int4/g16 \
-  kivi_int4/g16/t16; do
+  kivi_int4/g16/t16 int2/g32 kivi_int2/g32/t32 int2/g16 kivi_int2/g16/t16; do
   name="$(tr / - <<<"$f")"
   echo "== $f (emulated)" >&2
   lm --emulate="$f" >"$out/emulated-$name-$tokens.json"

@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "kernels/quant_format.h"
 #include "services/lm/format_emulation.h"
 
@@ -25,16 +26,19 @@ absl::StatusOr<Emulation> Emulation::Parse(const std::string& text) {
   const auto bad = [&](const char* why) {
     return absl::InvalidArgumentError(
         absl::StrCat("--emulate=", text, ": ", why,
-                     " (expected int4/g32, int8/g32, fp8_e4m3/g32 or "
-                     "kivi_int4/g32/t32)"));
+                     " (expected int8/g32, fp8_e4m3/g32, int4/g32, int2/g32, "
+                     "kivi_int4/g32/t32 or kivi_int2/g32/t32)"));
   };
   Emulation e;
-  const bool kivi = parts[0] == "kivi_int4";
-  if (kivi || parts[0] == "int4") {
+  absl::string_view format = parts[0];
+  const bool kivi = absl::ConsumePrefix(&format, "kivi_");
+  if (format == "int4") {
     e.dtype = DType::kInt4;
-  } else if (parts[0] == "int8") {
+  } else if (format == "int2") {
+    e.code_bits = 2;
+  } else if (format == "int8" && !kivi) {
     e.dtype = DType::kInt8;
-  } else if (parts[0] == "fp8_e4m3") {
+  } else if (format == "fp8_e4m3" && !kivi) {
     e.dtype = DType::kFp8E4M3;
   } else {
     return bad("unknown format");
@@ -44,16 +48,29 @@ absl::StatusOr<Emulation> Emulation::Parse(const std::string& text) {
       (kivi && !ParseCount(parts[2], 't', &e.key_group_tokens))) {
     return bad("no group size");
   }
+  if (e.group_size % 2 != 0 || e.key_group_tokens % 2 != 0) {
+    return bad("groups of an even size");
+  }
   return e;
 }
 
 std::string Emulation::Name() const {
+  const std::string format =
+      code_bits == 2 ? "int2" : std::string(DTypeName(dtype));
   if (key_group_tokens > 0) {
-    return absl::StrCat("kivi_int4/g", group_size, "/t", key_group_tokens,
-                        " (emulated)");
+    return absl::StrCat("kivi_", format, "/g", group_size, "/t",
+                        key_group_tokens, " (emulated)");
   }
-  return absl::StrCat(std::string(DTypeName(dtype)), "/g", group_size,
-                      " (emulated)");
+  return absl::StrCat(format, "/g", group_size, " (emulated)");
+}
+
+int64_t Emulation::TokenBytes(int32_t kv_heads, int32_t head_dim) const {
+  if (code_bits == 2) {
+    // 4 codes a byte; a binary16 scale and a zero point (3 bytes) a group.
+    const int64_t width = int64_t{kv_heads} * head_dim;
+    return width / 4 + width / group_size * 3;
+  }
+  return PageLayout{1, kv_heads, head_dim, dtype, group_size}.token_bytes();
 }
 
 EmulatedKv::EmulatedKv(const ModelConfig& config, const Emulation& emulation,
@@ -112,8 +129,10 @@ absl::Status EmulatedKv::RoundNew(int64_t first, int64_t n) {
       const bool window = kv == 0 && emulation_.key_group_tokens > 0;
       const std::vector<float> y =
           window ? x
-                 : ThroughPerToken(block, emulation_.dtype,
-                                   emulation_.group_size, x, &bits);
+          : emulation_.code_bits == 2
+              ? ThroughPerTokenInt(block, 2, emulation_.group_size, x, &bits)
+              : ThroughPerToken(block, emulation_.dtype, emulation_.group_size,
+                                x, &bits);
       if (y.empty()) {
         return absl::InvalidArgumentError(
             absl::StrCat("layer ", l, " holds a value ", emulation_.Name(),
@@ -132,10 +151,11 @@ absl::Status EmulatedKv::RoundKeyGroup(int64_t first) {
     float* keys = Tokens(l, 0, first);
     const std::vector<float> x(keys, keys + g * block.width());
     double bits = 0;
-    const std::vector<float> y = ThroughPerChannelInt4(block, g, x, &bits);
+    const std::vector<float> y =
+        ThroughPerChannel(block, emulation_.key_bits(), g, x, &bits);
     if (y.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("layer ", l, " holds keys int4 cannot (not finite)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layer ", l, " holds keys ", emulation_.Name(), " cannot"));
     }
     std::memcpy(keys, y.data(), y.size() * sizeof(float));
   }
@@ -143,18 +163,18 @@ absl::Status EmulatedKv::RoundKeyGroup(int64_t first) {
 }
 
 int64_t EmulatedKv::held_bytes() const {
-  const PageLayout per_token{1, kv_heads_, head_dim_, emulation_.dtype,
-                             emulation_.group_size};
   const int64_t width = int64_t{kv_heads_} * head_dim_;
   const int64_t n = resident();
-  int64_t keys = n * per_token.token_bytes();
+  const int64_t token_bytes = emulation_.TokenBytes(kv_heads_, head_dim_);
+  int64_t keys = n * token_bytes;
   if (const int64_t g = emulation_.key_group_tokens; g > 0) {
-    // Per group: width int4 codes a token, and a binary16 scale and an int4
-    // zero point (3 bytes, as the store keeps them) a channel.
+    // Per group: key_bits codes a channel a token, and a binary16 scale and
+    // a zero point (3 bytes) a channel; the tokens after it in bf16.
     const int64_t whole = n / g * g;
-    keys = whole * width / 2 + whole / g * width * 3 + (n - whole) * width * 2;
+    keys = whole * width * emulation_.key_bits() / 8 + whole / g * width * 3 +
+           (n - whole) * width * 2;
   }
-  return layers_ * (keys + n * per_token.token_bytes());
+  return layers_ * (keys + n * token_bytes);
 }
 
 }  // namespace kvkeep::lm

@@ -20,15 +20,26 @@
 namespace kvkeep::lm {
 
 struct Emulation {
-  DType dtype = DType::kInt4;    // per-token records: values, and keys unless
-  int32_t group_size = 32;       //   KIVI; elements per group along head_dim
-  int32_t key_group_tokens = 0;  // > 0: KIVI's keys (int4, per channel)
+  // Per-token groups of group_size elements along head_dim: values, and keys
+  // unless KIVI's. A stored format (dtype, through the store's CPU twins),
+  // or with code_bits 2, int2: asymmetric 2-bit groups, binary16 scale and a
+  // zero point each (not a stored format).
+  DType dtype = DType::kInt4;
+  int32_t code_bits = 0;
+  int32_t group_size = 32;
+  // > 0: KIVI's keys, per channel over this many tokens, in int4 (int2 with
+  // code_bits 2).
+  int32_t key_group_tokens = 0;
 
-  // "int4/g32", "int8/g32", "fp8_e4m3/g32" (the stored formats, emulated)
-  // or "kivi_int4/g32/t32" (per-channel int4 keys over 32 tokens; the
-  // values as int4/g32). INVALID_ARGUMENT naming what is wrong otherwise.
+  // "int8/g32", "fp8_e4m3/g32", "int4/g32" (the stored formats), "int2/g32",
+  // or "kivi_int4/g32/t32", "kivi_int2/g32/t32" (per-channel keys over 32
+  // tokens; values as int4/g32, int2/g32). INVALID_ARGUMENT naming what is
+  // wrong otherwise.
   static absl::StatusOr<Emulation> Parse(const std::string& text);
   std::string Name() const;  // the text Parse reads, and " (emulated)"
+  int32_t key_bits() const { return code_bits == 2 ? 2 : 4; }
+  // One token's per-token records (keys or values), scales included.
+  int64_t TokenBytes(int32_t kv_heads, int32_t head_dim) const;
 };
 
 class EmulatedKv : public KvSource {

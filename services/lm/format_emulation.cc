@@ -28,34 +28,69 @@ std::vector<float> ThroughPerToken(const TokenBlock& s, DType dtype,
   return out;
 }
 
-std::vector<float> ThroughPerChannelInt4(const TokenBlock& s, int32_t group,
-                                         const std::vector<float>& x,
-                                         double* bits) {
-  const QuantSpec spec = SpecOf(DType::kInt4);
+namespace {
+
+// Quantises the n values load(i) as one group of `spec` and hands each
+// value's reading back to put(i, value). False when a value is not finite.
+template <class Load, class Put>
+bool RoundGroup(const QuantSpec& spec, Load load, int32_t n, Put put) {
+  // Codes as nibbles (int2's too: only their values matter here).
+  std::vector<uint8_t> codes(n / 2 + 1);
+  uint8_t scale[2], zero[1];
+  if (QuantizeGroup(spec, load, n, codes.data(), 0, scale, zero) !=
+      QuantError::kOk) {
+    return false;
+  }
+  const float sc = LoadScale(scale, 0);
+  for (int32_t i = 0; i < n; ++i) {
+    put(i, DequantCode(spec, LoadCode(spec.bits == 8 ? 8 : 4, codes.data(), i),
+                       sc, zero[0]));
+  }
+  return true;
+}
+
+}  // namespace
+
+std::vector<float> ThroughPerTokenInt(const TokenBlock& s, int32_t code_bits,
+                                      int32_t group,
+                                      const std::vector<float>& x,
+                                      double* bits) {
+  const QuantSpec spec{code_bits, false, true};
+  std::vector<float> out(x.size());
+  for (size_t g0 = 0; g0 < x.size(); g0 += group) {
+    if (!RoundGroup(
+            spec, [&](int32_t i) { return x[g0 + i]; }, group,
+            [&](int32_t i, float v) { out[g0 + i] = v; })) {
+      return {};
+    }
+  }
+  *bits = code_bits + 8.0 * spec.meta_bytes() / group;
+  return out;
+}
+
+std::vector<float> ThroughPerChannel(const TokenBlock& s, int32_t code_bits,
+                                     int32_t group, const std::vector<float>& x,
+                                     double* bits) {
+  const QuantSpec spec{code_bits, false, true};
   const int64_t whole = s.n / group * group;
   std::vector<float> out(x.size());
-  std::vector<uint8_t> codes(group / 2 + 1);
-  uint8_t scale[2], zero[1];
   for (int64_t t0 = 0; t0 < whole; t0 += group) {
     for (int64_t c = 0; c < s.width(); ++c) {
-      auto load = [&](int32_t i) { return x[(t0 + i) * s.width() + c]; };
-      if (QuantizeGroup(spec, load, group, codes.data(), 0, scale, zero) !=
-          QuantError::kOk) {
+      const auto at = [&](int32_t i) { return (t0 + i) * s.width() + c; };
+      if (!RoundGroup(
+              spec, [&](int32_t i) { return x[at(i)]; }, group,
+              [&](int32_t i, float v) { out[at(i)] = v; })) {
         return {};
-      }
-      const float sc = LoadScale(scale, 0);
-      for (int32_t i = 0; i < group; ++i) {
-        out[(t0 + i) * s.width() + c] =
-            DequantCode(spec, LoadCode(4, codes.data(), i), sc, zero[0]);
       }
     }
   }
   for (int64_t i = whole * s.width(); i < static_cast<int64_t>(x.size()); ++i) {
     out[i] = Bf16ToFloat(FloatToBf16(x[i]));
   }
-  *bits = s.n == 0
-              ? 0.0
-              : (whole * (4.0 + 24.0 / group) + (s.n - whole) * 16.0) / s.n;
+  *bits = s.n == 0 ? 0.0
+                   : (whole * (code_bits + 8.0 * spec.meta_bytes() / group) +
+                      (s.n - whole) * 16.0) /
+                         s.n;
   return out;
 }
 

@@ -29,14 +29,22 @@ std::vector<float> ThroughPerToken(const TokenBlock& s, DType dtype,
                                    int32_t group, const std::vector<float>& x,
                                    double* bits);
 
-// KIVI's keys: int4 (asymmetric, as the store's int4: binary16 scale and an
-// int4 zero point) per channel over groups of `group` consecutive tokens;
-// the tokens after the last whole group rounded to bf16 (KIVI's
-// full-precision recent window). Bits per element into *bits; empty as
-// above.
-std::vector<float> ThroughPerChannelInt4(const TokenBlock& s, int32_t group,
-                                         const std::vector<float>& x,
-                                         double* bits);
+// x through asymmetric integer groups of `code_bits` (4 or 2; binary16 scale
+// and a zero point a group, as the store's int4) of `group` consecutive
+// elements of each token; the emulation's int2, which is not a stored
+// format. Bits per element into *bits; empty as above.
+std::vector<float> ThroughPerTokenInt(const TokenBlock& s, int32_t code_bits,
+                                      int32_t group,
+                                      const std::vector<float>& x,
+                                      double* bits);
+
+// KIVI's keys: asymmetric integers of `code_bits` (4 or 2, as above) per
+// channel over groups of `group` consecutive tokens; the tokens after the
+// last whole group rounded to bf16 (KIVI's full-precision recent window).
+// Bits per element into *bits; empty as above.
+std::vector<float> ThroughPerChannel(const TokenBlock& s, int32_t code_bits,
+                                     int32_t group, const std::vector<float>& x,
+                                     double* bits);
 
 }  // namespace kvkeep::lm
 

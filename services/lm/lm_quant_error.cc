@@ -124,7 +124,7 @@ absl::Status MeasureLayer(const Shape& s, int32_t layer, const LayerData& d,
                           Format{"kivi_int4" + g, DType::kInt4, true}}) {
     Row row{f.name, layer};
     const std::vector<float> k =
-        f.kivi ? ThroughPerChannelInt4(block, group, d.keys, &row.bits_k)
+        f.kivi ? ThroughPerChannel(block, 4, group, d.keys, &row.bits_k)
                : ThroughPerToken(block, f.dtype, group, d.keys, &row.bits_k);
     const std::vector<float> v =
         ThroughPerToken(block, f.dtype, group, d.values, &row.bits_v);

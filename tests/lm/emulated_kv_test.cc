@@ -103,8 +103,14 @@ TEST(EmulationTest, ParsesTheFormatsAndNamesWhatIsWrong) {
   ASSERT_TRUE(int8.ok()) << int8.status();
   EXPECT_EQ(int8->dtype, DType::kInt8);
   EXPECT_EQ(int8->key_group_tokens, 0);
-  for (const char* bad : {"int3/g32", "int4", "int4/32", "int4/g0",
-                          "kivi_int4/g32", "kivi_int4/g32/32", "int8/g32/t4"}) {
+  absl::StatusOr<Emulation> int2 = Emulation::Parse("kivi_int2/g16/t32");
+  ASSERT_TRUE(int2.ok()) << int2.status();
+  EXPECT_EQ(int2->code_bits, 2);
+  EXPECT_EQ(int2->key_bits(), 2);
+  EXPECT_EQ(int2->Name(), "kivi_int2/g16/t32 (emulated)");
+  for (const char* bad :
+       {"int3/g32", "int4", "int4/32", "int4/g0", "int4/g7", "kivi_int4/g32",
+        "kivi_int4/g32/32", "int8/g32/t4", "kivi_int8/g32/t32"}) {
     absl::StatusOr<Emulation> e = Emulation::Parse(bad);
     EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(e.status().message().find(bad), std::string::npos) << e.status();
@@ -135,7 +141,7 @@ TEST(EmulatedKvTest, KiviKeysArePerChannelOverWholeGroupsAndBf16After) {
     for (int64_t g = 1; g >= 0; --g) {
       const std::vector<float> x(keys.begin() + g * 4 * kWidth,
                                  keys.begin() + (g + 1) * 4 * kWidth);
-      const std::vector<float> y = ThroughPerChannelInt4(group, 4, x, &bits);
+      const std::vector<float> y = ThroughPerChannel(group, 4, 4, x, &bits);
       want.insert(want.begin(), y.begin(), y.end());
     }
     EXPECT_EQ(got[l][0], want) << "keys of layer " << l;
@@ -191,6 +197,40 @@ TEST(EmulatedKvTest, KiviHoldsItsBytesAndPerChannelKeysErrLess) {
     }
   }
   EXPECT_LT(kivi_err, 0.5 * int4_err);
+}
+
+// The generic integer groups are the store's int4 twin, value for value:
+// what makes the emulated int2 (not a stored format) comparable.
+TEST(FormatEmulationTest, GenericIntegerGroupsAreTheStoresInt4) {
+  const Tokens t = RandomTokens(5, 11);
+  const TokenBlock block{5, kKvHeads, kHeadDim};
+  double a = 0, b = 0;
+  for (int kv = 0; kv < 2; ++kv) {
+    EXPECT_EQ(ThroughPerTokenInt(block, 4, 8, t[0][kv], &a),
+              ThroughPerToken(block, DType::kInt4, 8, t[0][kv], &b));
+    EXPECT_EQ(a, b);
+  }
+  // int2 keeps four levels a group: coarser than int4, finer than nothing.
+  const std::vector<float> y = ThroughPerTokenInt(block, 2, 8, t[0][1], &a);
+  EXPECT_EQ(a, 2 + 24.0 / 8);
+  double err2 = 0, err4 = 0;
+  const std::vector<float> y4 = ThroughPerTokenInt(block, 4, 8, t[0][1], &b);
+  for (size_t i = 0; i < y.size(); ++i) {
+    err2 += std::fabs(y[i] - t[0][1][i]);
+    err4 += std::fabs(y4[i] - t[0][1][i]);
+  }
+  EXPECT_GT(err2, 2 * err4);
+}
+
+TEST(EmulatedKvTest, KiviInt2HoldsItsBytes) {
+  const Tokens t = RandomTokens(10, 4);
+  EmulatedKv kivi(Config(), *Emulation::Parse("kivi_int2/g8/t4"), 16);
+  ASSERT_TRUE(Append(kivi, t, 0, 10).ok());
+  // Keys: 8 tokens of 2-bit codes plus 3 bytes per channel per group, 2 in
+  // bf16; values: 2-bit codes plus 3 bytes per group of 8.
+  EXPECT_EQ(kivi.held_bytes(),
+            kLayers * (8 * kWidth / 4 + 2 * kWidth * 3 + 2 * kWidth * 2 +
+                       10 * (kWidth / 4 + kWidth / 8 * 3)));
 }
 
 TEST(EmulatedKvTest, RefusesANonFiniteValue) {
