@@ -3,8 +3,9 @@
 // over every resident key of one layer.
 //
 // 32 query heads, 8 kv heads (GQA group 4), head_dim 128, pages of 16 tokens,
-// keys stored as f32, f16 or bf16; 1k, 8k and 32k resident tokens; one query
-// row (a decode step).
+// keys stored as f32, f16, bf16, or quantised (int8, fp8_e4m3, int4: groups
+// of 32, appended as bf16; the kernel dequantises as it reads); 1k, 8k and
+// 32k resident tokens; one query row (a decode step).
 //   session/<dtype>/<resident>: Session::UpdateScores with
 //     ScoreSource::kQueries through the CacheStore (input checks, the kernel,
 //     then h2o's Observe; the session sits exactly at its budget, so nothing
@@ -16,8 +17,9 @@
 //     7 * query_heads * resident for scaling and softmax (scale, max,
 //     subtract, exp, sum, then multiply and add into the output; exp counted
 //     as one).
-//   key_bytes: the resident keys read, resident * kv_heads * head_dim * dtype
-//     bytes (the kernel reads each key once for its 4 query heads).
+//   key_bytes: the resident keys read, resident * one token's key records
+//     (scales included; the kernel reads each key once for its 4 query
+//     heads).
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -30,6 +32,7 @@
 #include "benchmark/benchmark.h"
 #include "cache_store/cache_store.h"
 #include "kernels/attention.h"
+#include "kernels/quantize.h"
 
 namespace kvkeep {
 namespace {
@@ -48,6 +51,10 @@ ModelLayout BenchLayout(DType dtype) {
   layout.query_heads = kQueryHeads;
   layout.head_dim = kHeadDim;
   layout.dtype = dtype;
+  if (IsQuantized(dtype)) {  // appended as bf16, groups of 32
+    layout.group_size = 32;
+    layout.append_dtype = DType::kBF16;
+  }
   layout.page_tokens = kPageTokens;
   return layout;
 }
@@ -120,25 +127,40 @@ absl::Status Build(Fixture& f) {
   f.order.resize(f.resident);
   for (int64_t s = 0; s < f.resident; ++s) f.order[s] = s;
 
-  std::vector<std::byte> chunk(kPrefillChunk * token_bytes);
+  // What the worker appends (a quantised layout's append dtype), and the
+  // records the store keeps of it.
+  const DType in_dtype = layout.input_dtype();
+  std::vector<std::byte> chunk(kPrefillChunk * token_elems *
+                               DTypeBytes(in_dtype));
+  std::vector<std::byte> records(kPrefillChunk * token_bytes);
   std::vector<int64_t> positions;
   for (int64_t first = 0; first < f.resident; first += kPrefillChunk) {
     const int64_t n = std::min(kPrefillChunk, f.resident - first);
     for (int64_t i = 0; i < n * token_elems; ++i) {
-      StoreFromFloat(f.dtype, chunk.data(), i, rng.Next());
+      StoreFromFloat(in_dtype, chunk.data(), i, rng.Next());
+    }
+    if (IsQuantized(f.dtype)) {
+      if (!QuantizeTokens(page_layout, in_dtype, chunk.data(), n,
+                          records.data())
+               .ok()) {
+        return absl::InternalError("keys the format cannot hold");
+      }
+    } else {
+      std::copy_n(chunk.data(), n * token_bytes, records.data());
     }
     // The same keys into the kernel's pool, slot by slot.
     for (int64_t i = 0; i < n; ++i) {
       const int64_t slot = first + i;
       std::copy_n(
-          chunk.data() + i * token_bytes, token_bytes,
+          records.data() + i * token_bytes, token_bytes,
           f.pool->data() +
               page_layout.key_offset(f.pages[slot / kPageTokens],
                                      static_cast<int32_t>(slot % kPageTokens)));
     }
     positions.resize(n);
     for (int64_t i = 0; i < n; ++i) positions[i] = first + i;
-    const std::span<const std::byte> kv(chunk.data(), n * token_bytes);
+    const std::span<const std::byte> kv(chunk.data(),
+                                        n * token_elems * DTypeBytes(in_dtype));
     const LayerKv layer_kv{kv, kv};
     absl::StatusOr<StepResult> r = f.store->Append(
         f.id, AppendRequest{positions, std::span<const LayerKv>(&layer_kv, 1)});
@@ -170,8 +192,8 @@ absl::StatusOr<Fixture*> FixtureFor(DType dtype, int64_t resident) {
 void SetCounters(benchmark::State& state, DType dtype, int64_t resident) {
   const double flops =
       2.0 * kQueryHeads * kHeadDim * resident + 7.0 * kQueryHeads * resident;
-  const double key_bytes =
-      static_cast<double>(resident) * kKvHeads * kHeadDim * DTypeBytes(dtype);
+  const double key_bytes = static_cast<double>(resident) *
+                           BenchLayout(dtype).page_layout().token_bytes();
   const double iters = static_cast<double>(state.iterations());
   state.counters["FLOPS"] =
       benchmark::Counter(flops * iters, benchmark::Counter::kIsRate);
@@ -225,7 +247,8 @@ void BM_KernelQueries(benchmark::State& state, DType dtype, int64_t resident) {
 }
 
 void RegisterAll() {
-  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kInt8,
+                      DType::kFp8E4M3, DType::kInt4}) {
     for (int64_t resident : {1024, 8192, 32768}) {
       const std::string suffix =
           absl::StrCat("/", std::string(DTypeName(dtype)), "/", resident);
