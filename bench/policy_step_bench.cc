@@ -15,6 +15,8 @@
 // 17 tokens every 17 steps, h2o_page 32 tokens every 32 steps; 544 steps is a
 // multiple of both), so each number averages over an exact number of
 // evictions. --cycles=N multiplies the step counts (default 1).
+// --dtype=int8|fp8_e4m3|int4: the pages store that format (groups of 32,
+// appended as bf16: each step's append is quantised); default bf16.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -50,6 +52,7 @@ constexpr int64_t kWarmupSteps = 64;
 constexpr int64_t kPrefillChunk = 4096;
 
 int64_t g_cycles = 1;
+DType g_dtype = DType::kBF16;  // --dtype
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -60,7 +63,11 @@ ModelLayout BenchLayout() {
   layout.kv_heads = kKvHeads;
   layout.query_heads = kQueryHeads;
   layout.head_dim = kHeadDim;
-  layout.dtype = DType::kBF16;
+  layout.dtype = g_dtype;
+  if (IsQuantized(g_dtype)) {  // appended as bf16, groups of 32
+    layout.group_size = 32;
+    layout.append_dtype = DType::kBF16;
+  }
   layout.page_tokens = kPageTokens;
   return layout;
 }
@@ -178,10 +185,18 @@ absl::StatusOr<SteadySession> NewSteadySession(const std::string& policy,
   if (!id.ok()) return id.status();
   s.id = *id;
 
-  const int64_t token_bytes = layout.page_layout().token_bytes();
+  // One token's keys as appended (bf16 also for a quantised layout).
+  const int64_t token_bytes = int64_t{kKvHeads} * kHeadDim * 2;
   std::vector<std::byte> chunk(kPrefillChunk * token_bytes);
   for (size_t i = 0; i < chunk.size(); ++i) {
     chunk[i] = static_cast<std::byte>(i * 131 % 251);
+  }
+  if (IsQuantized(layout.dtype)) {  // finite values only
+    for (size_t i = 0; i < chunk.size(); i += 2) {
+      const uint16_t h = FloatToBf16(static_cast<float>(i * 131 % 251) / 64);
+      chunk[i] = static_cast<std::byte>(h & 0xff);
+      chunk[i + 1] = static_cast<std::byte>(h >> 8);
+    }
   }
   s.token_kv.assign(chunk.begin(), chunk.begin() + token_bytes);
   std::vector<int64_t> positions;
@@ -436,6 +451,17 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--cycles=", 9) == 0) {
       kvkeep::g_cycles = std::max(1L, std::strtol(argv[i] + 9, nullptr, 10));
+    } else if (std::strncmp(argv[i], "--dtype=", 8) == 0) {
+      const std::string name = argv[i] + 8;
+      bool found = false;
+      for (kvkeep::DType d : {kvkeep::DType::kBF16, kvkeep::DType::kInt8,
+                              kvkeep::DType::kFp8E4M3, kvkeep::DType::kInt4}) {
+        if (name == kvkeep::DTypeName(d)) kvkeep::g_dtype = d, found = true;
+      }
+      if (!found) {
+        std::fprintf(stderr, "--dtype: bf16, int8, fp8_e4m3 or int4\n");
+        return 2;
+      }
     } else {
       argv[kept++] = argv[i];
     }

@@ -147,6 +147,41 @@ KVKEEP_HOST_DEVICE inline float DequantCode(const QuantSpec& spec, int32_t code,
   return static_cast<float>(code - zero) * scale;
 }
 
+// The scale (as binary16 bits and as float) and zero point of a group whose
+// values span [lo, hi], lo <= 0 <= hi. kOutOfRange when the scale is not a
+// finite binary16.
+KVKEEP_HOST_DEVICE inline QuantError GroupScale(const QuantSpec& spec, float lo,
+                                                float hi, uint16_t* scale_bits,
+                                                float* scale, int32_t* zero) {
+  const float abs_max = -lo > hi ? -lo : hi;
+  float span;
+  if (spec.fp8) {
+    span = abs_max / kE4M3Max;
+  } else if (spec.asymmetric) {
+    span = (hi - lo) / static_cast<float>(spec.max_code());
+  } else {
+    span = abs_max / static_cast<float>(spec.fixed_zero() - 1);
+  }
+  *scale_bits = FloatToF16Up(span);
+  if (*scale_bits >= 0x7c00u) return QuantError::kOutOfRange;
+  *scale = F16ToFloat(*scale_bits);
+  *zero = spec.fp8 ? 0 : spec.fixed_zero();
+  if (spec.asymmetric) {
+    *zero = *scale == 0.0f ? 0 : static_cast<int32_t>(rintf(-lo / *scale));
+    *zero = *zero < 0 ? 0 : (*zero > spec.max_code() ? spec.max_code() : *zero);
+  }
+  return QuantError::kOk;
+}
+
+// The code of x in a group of that scale and zero point.
+KVKEEP_HOST_DEVICE inline int32_t CodeOf(const QuantSpec& spec, float x,
+                                         float scale, int32_t zero) {
+  if (spec.fp8) return scale == 0.0f ? 0 : FloatToE4M3(x / scale);
+  const int32_t q =
+      scale == 0.0f ? zero : static_cast<int32_t>(rintf(x / scale)) + zero;
+  return q < 0 ? 0 : (q > spec.max_code() ? spec.max_code() : q);
+}
+
 // Quantises one group: n values load(i), i < n, into their codes (element i
 // goes to code index first + i of `codes`; for int4, first and n are even)
 // and the group's scale (2 bytes at scale_at) and zero (1 byte at zero_at,
@@ -166,37 +201,23 @@ KVKEEP_HOST_DEVICE QuantError QuantizeGroup(const QuantSpec& spec, Load load,
     lo = x < lo ? x : lo;
     hi = x > hi ? x : hi;
   }
-  const float abs_max = -lo > hi ? -lo : hi;
-  float span;
-  if (spec.fp8) {
-    span = abs_max / kE4M3Max;
-  } else if (spec.asymmetric) {
-    span = (hi - lo) / static_cast<float>(spec.max_code());
-  } else {
-    span = abs_max / static_cast<float>(spec.fixed_zero() - 1);
+  uint16_t scale_bits;
+  float scale;
+  int32_t zero;
+  if (const QuantError e = GroupScale(spec, lo, hi, &scale_bits, &scale, &zero);
+      e != QuantError::kOk) {
+    return e;
   }
-  const uint16_t scale_bits = FloatToF16Up(span);
-  if (scale_bits >= 0x7c00u) return QuantError::kOutOfRange;
-  const float scale = F16ToFloat(scale_bits);
-  int32_t zero = spec.fp8 ? 0 : spec.fixed_zero();
-  if (spec.asymmetric) {
-    zero = scale == 0.0f ? 0 : static_cast<int32_t>(rintf(-lo / scale));
-    zero = zero < 0 ? 0 : (zero > spec.max_code() ? spec.max_code() : zero);
-  }
-  auto code_of = [&](float x) -> int32_t {
-    if (spec.fp8) return scale == 0.0f ? 0 : FloatToE4M3(x / scale);
-    int32_t q =
-        scale == 0.0f ? zero : static_cast<int32_t>(rintf(x / scale)) + zero;
-    return q < 0 ? 0 : (q > spec.max_code() ? spec.max_code() : q);
-  };
   if (spec.bits == 8) {
     for (int32_t i = 0; i < n; ++i) {
-      codes[first + i] = static_cast<uint8_t>(code_of(load(i)));
+      codes[first + i] =
+          static_cast<uint8_t>(CodeOf(spec, load(i), scale, zero));
     }
   } else {
     for (int32_t i = 0; i + 1 < n; i += 2) {
       codes[(first + i) >> 1] =
-          static_cast<uint8_t>(code_of(load(i)) | code_of(load(i + 1)) << 4);
+          static_cast<uint8_t>(CodeOf(spec, load(i), scale, zero) |
+                               CodeOf(spec, load(i + 1), scale, zero) << 4);
     }
   }
   scale_at[0] = static_cast<uint8_t>(scale_bits & 0xffu);

@@ -127,6 +127,62 @@ TEST(QuantFormatTest, IntegerTiesRoundToEven) {
   EXPECT_EQ(q[1], 0x04);  // 4, 0
 }
 
+// The CPU twin's vectorised integer path is QuantizeGroup (the kernels'
+// shared code) byte for byte: on random groups with outliers, on groups whose
+// values sit exactly on ties of their own scale, on all-zero groups and on
+// one-signed ones, for both integer widths and both zero-point kinds.
+TEST(QuantFormatTest, TheTwinsIntegerPathIsQuantizeGroupByteForByte) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t n = 64;
+  for (int bits : {8, 4}) {
+    for (bool asymmetric : {true, false}) {
+      const QuantSpec spec{bits, false, asymmetric};
+      const PageLayout layout{1, 2, 32, bits == 8 ? DType::kInt8 : DType::kInt4,
+                              16};
+      std::vector<float> x(n * layout.token_elements());
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t e = 0; e < layout.token_elements(); ++e) {
+          float& v = x[t * layout.token_elements() + e];
+          switch (t % 4) {
+            case 0:  // Gaussian with an outlier channel
+              v = normal(rng) * (e % 16 == 3 ? 40.0f : 1.0f);
+              break;
+            case 1:  // halves of an integer grid: ties once scaled
+              v = (static_cast<float>(rng() % 31) - 15.0f) * 0.5f;
+              break;
+            case 2:  // zeros
+              v = 0.0f;
+              break;
+            default:  // one-signed
+              v = std::fabs(normal(rng)) * 3.0f + 1.0f;
+          }
+        }
+      }
+      std::vector<std::byte> twin(n * layout.token_bytes());
+      ASSERT_TRUE(QuantizeTokensWith(layout, spec, DType::kF32, x.data(), n,
+                                     twin.data())
+                      .ok());
+      std::vector<uint8_t> reference(twin.size());
+      for (int64_t t = 0; t < n; ++t) {
+        uint8_t* record = reference.data() + t * layout.token_bytes();
+        for (int64_t g = 0; g < layout.groups(); ++g) {
+          const int64_t first = g * layout.group_size;
+          const float* v = &x[t * layout.token_elements() + first];
+          ASSERT_EQ(
+              QuantizeGroup(
+                  spec, [&](int32_t i) { return v[i]; }, layout.group_size,
+                  record, first, record + layout.scales_offset() + 2 * g,
+                  record + layout.zeros_offset() + g),
+              QuantError::kOk);
+        }
+      }
+      EXPECT_EQ(0, std::memcmp(twin.data(), reference.data(), twin.size()))
+          << bits << " bits, asymmetric " << asymmetric;
+    }
+  }
+}
+
 TEST(QuantFormatTest, E4M3TiesRoundToEvenAndSaturate) {
   EXPECT_EQ(FloatToE4M3(1.0625f), 0x38);  // between 1 and 1.125: to 1
   EXPECT_EQ(FloatToE4M3(1.1875f), 0x3a);  // between 1.125 and 1.25: 1.25
