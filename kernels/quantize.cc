@@ -46,14 +46,14 @@ void DequantGroup(const QuantSpec& spec, const PageLayout& layout,
   }
 }
 
-// QuantizeGroup for the integer formats on the CPU, in loops the compiler
-// vectorises: the same range, GroupScale and codes bit for bit (x / scale
-// rounded to nearest even, by adding and subtracting 1.5 * 2^23, which is
+// QuantizeGroup on the CPU, in loops the compiler vectorises: the same
+// range, GroupScale and codes bit for bit (an integer code is x / scale
+// rounded to nearest even by adding and subtracting 1.5 * 2^23, which is
 // rintf for |v| <= 2^22: here |x / scale| <= 2^8). quantize_test checks it
 // against QuantizeGroup.
-QuantError QuantizeIntGroup(const QuantSpec& spec, const float* __restrict x,
-                            int32_t n, uint8_t* codes, int64_t first,
-                            uint8_t* scale_at, uint8_t* zero_at) {
+QuantError QuantizeGroupFast(const QuantSpec& spec, const float* __restrict x,
+                             int32_t n, uint8_t* codes, int64_t first,
+                             uint8_t* scale_at, uint8_t* zero_at) {
   float lo = 0.0f, hi = 0.0f;
   bool finite = true;
 #pragma omp simd reduction(min : lo) reduction(max : hi) reduction(&& : finite)
@@ -74,6 +74,9 @@ QuantError QuantizeIntGroup(const QuantSpec& spec, const float* __restrict x,
   const int32_t max_code = spec.max_code();
   if (scale == 0.0f) {
     for (int32_t i = 0; i < n; ++i) q[i] = zero;
+  } else if (spec.fp8) {
+#pragma omp simd
+    for (int32_t i = 0; i < n; ++i) q[i] = FloatToE4M3(x[i] / scale);
   } else {
     constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
 #pragma omp simd
@@ -137,12 +140,8 @@ QuantizeResult QuantizeTokensWith(const PageLayout& layout,
       WidenGroup(in_type, in, base + first, layout.group_size, group);
       uint8_t* scale_at = record + layout.scales_offset() + 2 * g;
       uint8_t* zero_at = record + layout.zeros_offset() + g;
-      const QuantError e =
-          spec.fp8 ? QuantizeGroup(
-                         spec, [&](int32_t i) { return group[i]; },
-                         layout.group_size, record, first, scale_at, zero_at)
-                   : QuantizeIntGroup(spec, group, layout.group_size, record,
-                                      first, scale_at, zero_at);
+      const QuantError e = QuantizeGroupFast(spec, group, layout.group_size,
+                                             record, first, scale_at, zero_at);
       if (e != QuantError::kOk) return QuantizeResult{e, t, first};
     }
   }

@@ -127,18 +127,23 @@ TEST(QuantFormatTest, IntegerTiesRoundToEven) {
   EXPECT_EQ(q[1], 0x04);  // 4, 0
 }
 
-// The CPU twin's vectorised integer path is QuantizeGroup (the kernels'
-// shared code) byte for byte: on random groups with outliers, on groups whose
-// values sit exactly on ties of their own scale, on all-zero groups and on
-// one-signed ones, for both integer widths and both zero-point kinds.
-TEST(QuantFormatTest, TheTwinsIntegerPathIsQuantizeGroupByteForByte) {
+// The CPU twin's vectorised path is QuantizeGroup (the kernels' shared code)
+// byte for byte: on random groups with outliers, on groups whose values sit
+// exactly on ties of their own scale, on all-zero groups and on one-signed
+// ones, for both integer widths, both zero-point kinds, and fp8_e4m3.
+TEST(QuantFormatTest, TheTwinsVectorisedPathIsQuantizeGroupByteForByte) {
   std::mt19937 rng(17);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const int64_t n = 64;
-  for (int bits : {8, 4}) {
+  for (int bits : {8, 4, 0}) {  // 0: fp8_e4m3
     for (bool asymmetric : {true, false}) {
-      const QuantSpec spec{bits, false, asymmetric};
-      const PageLayout layout{1, 2, 32, bits == 8 ? DType::kInt8 : DType::kInt4,
+      if (bits == 0 && asymmetric) continue;
+      const QuantSpec spec = bits == 0 ? SpecOf(DType::kFp8E4M3)
+                                       : QuantSpec{bits, false, asymmetric};
+      const PageLayout layout{1, 2, 32,
+                              bits == 0   ? DType::kFp8E4M3
+                              : bits == 8 ? DType::kInt8
+                                          : DType::kInt4,
                               16};
       std::vector<float> x(n * layout.token_elements());
       for (int64_t t = 0; t < n; ++t) {
