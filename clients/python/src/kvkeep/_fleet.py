@@ -24,6 +24,7 @@ import grpc
 
 from kvkeep.errors import (FailedPrecondition, InvalidArgument, KvKeepError, NotFound,
                            Unavailable)
+from kvkeep._core import Options
 from kvkeep.v1 import kvkeep_pb2 as pb
 
 # Trailing metadata of the NOT_FOUND a replica answers for a session that
@@ -151,6 +152,30 @@ class Route:
         if err.code != grpc.StatusCode.UNAVAILABLE or not self.replica:
             return err
         return self.unavailable(method, 1, err.message)
+
+
+class ClientBase:
+    """What kvkeep.Client and kvkeep.aio.Client share: a connection (the
+    `_connection` class's) to one server, made here or handed over."""
+
+    _connection: Any = None
+
+    def __init__(self, address: str = "127.0.0.1:50051", token: Optional[str] = None,
+                 tls: Any = None, options: Any = None):
+        if not address:
+            raise InvalidArgument("Client: empty address", client_side=True)
+        self._c = self._connection.open(address, token, tls, options or Options())
+
+    @classmethod
+    def _over(cls, conn: Route) -> Any:
+        """A client on an open connection (a fleet's replica)."""
+        client = cls.__new__(cls)
+        client._c = conn
+        return client
+
+    @property
+    def address(self) -> str:
+        return self._c.address
 
 
 @dataclass
@@ -354,6 +379,14 @@ class FleetBase:
 
     def _drop(self, conn: Route) -> Any:
         raise NotImplementedError
+
+    def _discovered(self, target: str, info: pb.ServerInfo) -> bool:
+        """Adds the replica a resolved target's answer came from, at the
+        address it reports; False when it is known already."""
+        if self._state.known(info.replica):
+            return False
+        address = discovery_address(info, target)
+        return self._add(target, address, self._open(address), info)
 
     def replicas(self) -> List[str]:
         """The replicas' names, sorted."""

@@ -19,12 +19,11 @@ from typing import Any, AsyncIterator, Callable, List, Optional, Sequence
 import grpc
 import grpc.aio
 
-from kvkeep import _core, _fleet
+from kvkeep import _core, _fleet, _watch
 from kvkeep._core import (BudgetArg, LayerKv, Options, Scores, SessionHandle, TlsArg,
                           TokensArg)
-from kvkeep.errors import (AMBIGUOUS_CODES, Aborted, FailedPrecondition,
-                           InvalidArgument, KvKeepError, Unavailable, error_for,
-                           from_rpc_error)
+from kvkeep.errors import (AMBIGUOUS_CODES, Aborted, KvKeepError, Unavailable,
+                           error_for, from_rpc_error)
 from kvkeep.mirror import BlockTableMirror
 from kvkeep.pool import MappedPool
 from kvkeep.v1 import kvkeep_pb2 as pb
@@ -140,25 +139,10 @@ async def _close(c: _Connection, session_id: str) -> Optional[int]:
     return None if resp is _UNKNOWN else resp.freed_pages
 
 
-class Client:
+class Client(_fleet.ClientBase):
     """kvkeep.Client on asyncio; the same arguments and methods, awaited."""
 
-    def __init__(self, address: str = "127.0.0.1:50051", token: Optional[str] = None,
-                 tls: TlsArg = None, options: Optional[Options] = None):
-        if not address:
-            raise InvalidArgument("Client: empty address", client_side=True)
-        self._c = _Connection.open(address, token, tls, options or Options())
-
-    @classmethod
-    def _over(cls, conn: _Connection) -> "Client":
-        """A client on an open connection (a fleet's replica)."""
-        client = cls.__new__(cls)
-        client._c = conn
-        return client
-
-    @property
-    def address(self) -> str:
-        return self._c.address
+    _connection = _Connection
 
     async def close_channel(self) -> None:
         await self._c.channel.close()
@@ -529,19 +513,10 @@ class DecodeStream:
         self._finished = True
 
 
-class EventWatch:
+class EventWatch(_watch.EventWatchBase):
     """kvkeep.EventWatch on asyncio: ``await watch.start()``, then ``async
     for event in watch`` yields each event once, in order; iterating again
     after the stream ended resumes after the last one seen."""
-
-    def __init__(self, conn: _Connection, kinds: List[int], after_sequence: int,
-                 incarnation: int):
-        self._c = conn
-        self._kinds = kinds
-        self.last_sequence = after_sequence
-        self.incarnation = incarnation
-        self._call: Any = None
-        self._pending: List[pb.Event] = []
 
     async def _read(self) -> pb.WatchEventsResponse:
         try:
@@ -556,16 +531,8 @@ class EventWatch:
         return msg
 
     async def start(self) -> "EventWatch":
-        self.cancel()
-        req = pb.WatchEventsRequest(after_sequence=self.last_sequence,
-                                    incarnation=self.incarnation, kinds=self._kinds)
-        self._call = self._c.stub.WatchEvents(req, metadata=self._c.metadata,
-                                              timeout=self._c.options.stream_deadline)
-        first = await self._read()
-        self.incarnation = first.incarnation
-        if self.last_sequence == 0:
-            self.last_sequence = first.latest_sequence
-        self._pending = list(first.events)
+        self._open()
+        self._started(await self._read())
         return self
 
     async def __aiter__(self) -> AsyncIterator[pb.Event]:
@@ -573,15 +540,8 @@ class EventWatch:
             await self.start()
         while True:
             while self._pending:
-                event = self._pending.pop(0)
-                self.last_sequence = event.sequence
-                yield event
+                yield self._next_pending()
             self._pending = list((await self._read()).events)
-
-    def cancel(self) -> None:
-        if self._call is not None:
-            self._call.cancel()
-            self._call = None
 
 
 from kvkeep.aio_fleet import Fleet  # noqa: E402  (it builds on the classes above)

@@ -22,12 +22,11 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 import grpc
 
-from kvkeep import _core, _fleet
+from kvkeep import _core, _fleet, _watch
 from kvkeep._core import (BudgetArg, LayerKv, Options, Scores, SessionHandle, TlsArg,
                           TokensArg)
-from kvkeep.errors import (AMBIGUOUS_CODES, Aborted, FailedPrecondition,
-                           InvalidArgument, KvKeepError, Unavailable, error_for,
-                           from_rpc_error)
+from kvkeep.errors import (AMBIGUOUS_CODES, Aborted, FailedPrecondition, KvKeepError,
+                           Unavailable, error_for, from_rpc_error)
 from kvkeep.mirror import BlockTableMirror
 from kvkeep.pool import MappedPool
 from kvkeep.v1 import kvkeep_pb2 as pb
@@ -138,7 +137,7 @@ class _Connection(_fleet.Route):
         return layout
 
 
-class Client:
+class Client(_fleet.ClientBase):
     """A connection to one kvkeepd. Thread-safe; connects lazily.
 
     address: host:port (or any gRPC target).
@@ -148,22 +147,7 @@ class Client:
     options: deadlines and retries (:class:`kvkeep.Options`).
     """
 
-    def __init__(self, address: str = "127.0.0.1:50051", token: Optional[str] = None,
-                 tls: TlsArg = None, options: Optional[Options] = None):
-        if not address:
-            raise InvalidArgument("Client: empty address", client_side=True)
-        self._c = _Connection.open(address, token, tls, options or Options())
-
-    @classmethod
-    def _over(cls, conn: _Connection) -> "Client":
-        """A client on an open connection (a fleet's replica)."""
-        client = cls.__new__(cls)
-        client._c = conn
-        return client
-
-    @property
-    def address(self) -> str:
-        return self._c.address
+    _connection = _Connection
 
     def close_channel(self) -> None:
         """Closes the channel (open sessions stay open on the server)."""
@@ -673,22 +657,13 @@ class DecodeStream:
         self._finished = True
 
 
-class EventWatch:
+class EventWatch(_watch.EventWatchBase):
     """A WatchEvents stream that remembers where it is. start() opens it
     (resuming after `last_sequence` of `incarnation`) and returns once the
     server watches; iterating yields each event once, in order (starting
     the stream if needed). The stream's end raises its KvKeepError
     (OutOfRange: resync with Client.list and watch from now); iterating
     again then resumes. cancel() ends it from another thread."""
-
-    def __init__(self, conn: _Connection, kinds: List[int], after_sequence: int,
-                 incarnation: int):
-        self._c = conn
-        self._kinds = kinds
-        self.last_sequence = after_sequence
-        self.incarnation = incarnation
-        self._call: Any = None
-        self._pending: List[pb.Event] = []
 
     def _read(self) -> pb.WatchEventsResponse:
         try:
@@ -703,16 +678,8 @@ class EventWatch:
                             method="WatchEvents") from None
 
     def start(self) -> "EventWatch":
-        self.cancel()
-        req = pb.WatchEventsRequest(after_sequence=self.last_sequence,
-                                    incarnation=self.incarnation, kinds=self._kinds)
-        self._call = self._c.stub.WatchEvents(req, metadata=self._c.metadata,
-                                              timeout=self._c.options.stream_deadline)
-        first = self._read()
-        self.incarnation = first.incarnation
-        if self.last_sequence == 0:
-            self.last_sequence = first.latest_sequence
-        self._pending = list(first.events)
+        self._open()
+        self._started(self._read())
         return self
 
     def __iter__(self) -> Iterator[pb.Event]:
@@ -720,12 +687,5 @@ class EventWatch:
             self.start()
         while True:
             while self._pending:
-                event = self._pending.pop(0)
-                self.last_sequence = event.sequence
-                yield event
+                yield self._next_pending()
             self._pending = list(self._read().events)
-
-    def cancel(self) -> None:
-        if self._call is not None:
-            self._call.cancel()
-            self._call = None

@@ -70,15 +70,10 @@ class Fleet(_fleet.FleetBase):
     def _discover(self, target: str) -> None:
         everyone = self._open(target, round_robin=True)
         try:
-            quiet = 0
+            quiet = 0  # answers in a row that brought no new replica
             while quiet < self._discovery_calls:
-                info = _server_info(everyone)
-                if self._state.known(info.replica):
-                    quiet += 1
-                    continue
-                quiet = 0
-                address = _fleet.discovery_address(info, target)
-                self._add(target, address, self._open(address), info)
+                new = self._discovered(target, _server_info(everyone))
+                quiet = 0 if new else quiet + 1
         finally:
             everyone.channel.close()
 
