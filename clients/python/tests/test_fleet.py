@@ -158,3 +158,25 @@ def test_a_killed_replica_is_named_and_the_others_serve_on(fleet_servers):
     assert alive.step((k, v, 8)).append.layers[0].resident == 9
     for _ in range(3):  # placement skips the dead replica
         assert not fleet.create_session("t_f32", "full").id.startswith("fleet-c.")
+
+
+def test_two_moves_between_calls_and_a_replica_joined_since(fleet_servers):
+    rng = np.random.default_rng(6)
+    a, b, c = (fleet_servers[n].address for n in ("fleet-a", "fleet-b", "fleet-c"))
+    fleet = kvkeep.Fleet([a, b])  # fleet-c joined after this client looked
+    s = fleet.create_session("t_f32", "full", replica="fleet-a")
+    _fill(s, rng, 6)
+    first = fleet.replica("fleet-a").transfer(s.id, b)
+    kvkeep.Client(b).transfer(first.session_id, c)
+    # One move is followed per call (as the C++ client): fleet-b names the
+    # second, which this call does not follow...
+    with pytest.raises(kvkeep.NotFound, match="moved to replica fleet-c") as e:
+        s.stats()
+    assert e.value.method == "GetSessionStats"
+    assert not s.in_sync  # its tables are not reloaded yet
+    # ...and the next call does, to fleet-c at the address fleet-b sent it to.
+    assert list(s.stats().layer_resident) == [6, 6]
+    assert (s._c.replica, s._c.address) == ("fleet-c", c) and s.in_sync
+    _fill(s, rng, 2, start=6)
+    assert_mirror_equals_store(s)
+    assert kvkeep.Client(c).stats(s.id).resident_tokens == 16

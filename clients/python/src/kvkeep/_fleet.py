@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import grpc
 
 from kvkeep.errors import (FailedPrecondition, InvalidArgument, KvKeepError, NotFound,
-                           Unavailable)
+                           Unavailable, error_for)
 from kvkeep._core import Options
 from kvkeep.v1 import kvkeep_pb2 as pb
 
@@ -136,6 +136,12 @@ class Route:
         self.address, self.channel, self.stub = target.address, target.channel, target.stub
         self.replica, self._info = target.replica, target._info
         return True
+
+    def moved_error(self, err: KvKeepError, method: str) -> KvKeepError:
+        """A handle's table reload after a switch failed (the session moved
+        again, say): `method`'s error. The handle stays switched; its next
+        call follows the next move and reloads again."""
+        return error_for(err.code, err.message, method=method)
 
     def where(self) -> str:
         return f"replica {self.replica} at {self.address}" if self.replica \

@@ -47,12 +47,18 @@ class _Connection(_fleet.Route):
         return cls(address, options, _core.metadata(token), channel,
                    pb_grpc.KvKeepStub(channel), replica)
 
-    async def followed(self, e: grpc.RpcError) -> bool:
-        """follow(e), then on_move once switched."""
+    async def followed(self, e: grpc.RpcError, method: str) -> bool:
+        """follow(e), then on_move once switched (see Route.moved_error)."""
         if not self.follow(e):
             return False
         if self.on_move is not None:
-            await self.on_move()
+            self.follows = False  # one move per call: the reload follows none
+            try:
+                await self.on_move()
+            except KvKeepError as err:
+                raise self.moved_error(err, method) from None
+            finally:
+                self.follows = True
         return True
 
     async def call(self, method: str, request: Any, *, retry: Optional[bool] = None,
@@ -73,7 +79,7 @@ class _Connection(_fleet.Route):
                 return await fn(request, metadata=self.metadata,
                                 timeout=self.options.deadline)
             except grpc.RpcError as e:
-                if not followed and await self.followed(e):
+                if not followed and await self.followed(e, method):
                     followed = True  # once: a second move is the caller's to see
                     continue
                 if on_attempt_error is not None:
@@ -261,9 +267,12 @@ class Session:
             self._c.on_move = self._reload_tables
 
     async def _reload_tables(self) -> None:
-        """After a move: the same slots on the new replica's pages."""
+        """After a move: the same slots on the new replica's pages (see the
+        sync client)."""
+        self._h.in_sync = False
         self._h.tables = BlockTableMirror.from_tables(
             await self._c.block_tables(self.id))
+        self._h.in_sync = True
 
     id = property(lambda self: self._h.id)
     layout = property(lambda self: self._h.layout)
@@ -315,7 +324,7 @@ class Session:
                         iter(reqs), metadata=self._c.metadata,
                         timeout=self._c.options.stream_deadline)
                 except grpc.RpcError as e:
-                    if not followed and await self._c.followed(e):
+                    if not followed and await self._c.followed(e, "AppendPrefill"):
                         continue
                     raise self._c.name_unavailable(
                         from_rpc_error(e, "AppendPrefill"), "AppendPrefill") from None
@@ -451,7 +460,11 @@ class DecodeStream:
         except grpc.RpcError as e:
             # A moved session refuses a stream's first step (nothing applied):
             # it goes once more, on a stream to the new replica.
-            if first and may_follow and await c.followed(e):
+            try:
+                moved = first and may_follow and await c.followed(e, "Decode")
+            except KvKeepError as err:
+                return await self._fail(err)
+            if moved:
                 self._call.cancel()
                 self._call = None
                 return await self._step(token, scores, may_follow=False)

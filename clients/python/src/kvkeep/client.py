@@ -53,12 +53,18 @@ class _Connection(_fleet.Route):
         super().__init__(*args, **kw)
         self._lock = threading.Lock()
 
-    def followed(self, e: grpc.RpcError) -> bool:
-        """follow(e), then on_move once switched."""
+    def followed(self, e: grpc.RpcError, method: str) -> bool:
+        """follow(e), then on_move once switched (see Route.moved_error)."""
         if not self.follow(e):
             return False
         if self.on_move is not None:
-            self.on_move()
+            self.follows = False  # one move per call: the reload follows none
+            try:
+                self.on_move()
+            except KvKeepError as err:
+                raise self.moved_error(err, method) from None
+            finally:
+                self.follows = True
         return True
 
     def call(self, method: str, request: Any, *, retry: Optional[bool] = None,
@@ -82,7 +88,7 @@ class _Connection(_fleet.Route):
                                    timeout=self.options.deadline))
                 return fn(request, metadata=self.metadata, timeout=self.options.deadline)
             except grpc.RpcError as e:
-                if not followed and self.followed(e):
+                if not followed and self.followed(e, method):
                     followed = True  # once: a second move is the caller's to see
                     continue
                 if on_attempt_error is not None:
@@ -332,8 +338,11 @@ class Session:
             self._c.on_move = self._reload_tables
 
     def _reload_tables(self) -> None:
-        """After a move: the same slots on the new replica's pages."""
+        """After a move: the same slots on the new replica's pages (a resync;
+        until one succeeds, changes raise OutOfSync)."""
+        self._h.in_sync = False
         self._h.tables = BlockTableMirror.from_tables(self._c.block_tables(self.id))
+        self._h.in_sync = True
 
     # -- what it is ------------------------------------------------------------
     @property
@@ -420,7 +429,7 @@ class Session:
                         requests(), metadata=self._c.metadata,
                         timeout=self._c.options.stream_deadline)
                 except grpc.RpcError as e:
-                    if not followed and self._c.followed(e):
+                    if not followed and self._c.followed(e, "AppendPrefill"):
                         continue
                     raise self._c.name_unavailable(
                         from_rpc_error(e, "AppendPrefill"), "AppendPrefill") from None
@@ -629,7 +638,11 @@ class DecodeStream:
         except grpc.RpcError as e:
             # A moved session refuses a stream's first step (nothing applied):
             # it goes once more, on a stream to the new replica.
-            if first and may_follow and self._s._c.followed(e):
+            try:
+                moved = first and may_follow and self._s._c.followed(e, "Decode")
+            except KvKeepError as err:
+                return self._fail(err)
+            if moved:
                 self._end(cancel=True)
                 return self._step(token, scores, may_follow=False)
             return self._fail(self._s._c.name_unavailable(from_rpc_error(e, "Decode"),
