@@ -8,7 +8,9 @@ session's old replica answers with, and :class:`Route`, the part of a
 connection that follows it. The sync and asyncio clients do the calls.
 
 Thread-safety: a FleetState is thread-safe (one lock; no call is made
-under it). A Route belongs to one session handle (or one call).
+under it). A replica's connection (a Route) is shared and never switches;
+the copy a session handle (or one routed call) follows moves with belongs
+to that handle, as the handle does.
 """
 
 from __future__ import annotations
