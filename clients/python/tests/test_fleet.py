@@ -90,6 +90,8 @@ def test_a_fleet_needs_distinct_replicas(fleet_servers, make_server):
         kvkeep.Fleet([fleet_servers["fleet-a"].address, twin.address])
     with pytest.raises(kvkeep.InvalidArgument, match="no targets"):
         kvkeep.Fleet([])
+    one = kvkeep.Fleet([fleet_servers["fleet-a"].address])
+    assert one.route("0123456789abcdef") == "fleet-a"  # a bare key: the only replica
 
 
 def test_discovery_through_one_resolved_target(fleet_servers):
