@@ -182,3 +182,19 @@ def test_two_moves_between_calls_and_a_replica_joined_since(fleet_servers):
     _fill(s, rng, 2, start=6)
     assert_mirror_equals_store(s)
     assert kvkeep.Client(c).stats(s.id).resident_tokens == 16
+
+
+def test_each_handle_follows_its_own_session(fleet_servers):
+    rng = np.random.default_rng(7)
+    fleet = kvkeep.Fleet([s.address for s in fleet_servers.values()])
+    parent = fleet.create_session("t_f32", "full", replica="fleet-a")
+    _fill(parent, rng, 5)
+    child = parent.fork()  # stays on fleet-a when its parent moves
+    fleet.replica("fleet-a").transfer(parent.id, fleet_servers["fleet-b"].address)
+    assert list(parent.stats().layer_resident) == [5, 5]
+    assert parent._c.replica == "fleet-b"
+    _fill(child, rng, 1, start=5)
+    assert child._c.replica == "fleet-a"
+    assert list(child.stats().layer_resident) == [6, 6]
+    assert_mirror_equals_store(child)
+    assert_mirror_equals_store(parent)
