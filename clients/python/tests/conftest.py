@@ -140,3 +140,13 @@ def client(server):
     c = kvkeep.Client(server.address)
     yield c
     c.close_channel()
+
+
+FLEET_NAMES = ("fleet-a", "fleet-b", "fleet-c")
+
+
+@pytest.fixture
+def fleet_servers(make_server) -> Dict[str, Server]:
+    """Three kvkeepd replicas on loopback named fleet-a, fleet-b and fleet-c
+    (the fleet of tests/service/fleet_process_test.cc), killed at the end."""
+    return {name: make_server(extra=[f"--replica_name={name}"]) for name in FLEET_NAMES}

@@ -31,6 +31,44 @@ def test_cli(server, client):
     assert _cli(server, "stats").returncode == 2
 
 
+def test_cli_fork_and_prefixes(server, client):
+    import numpy as np
+    from helpers import random_kv
+    s = client.create_session("t_f32", "full", budget=64)
+    k, v = random_kv(np.random.default_rng(31), s.layout, 8)
+    s.append(k, v, np.arange(8))  # 2 full pages a layer
+    r = _cli(server, "fork", s.id)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"forked {s.id}: child ") and "shares 4 pages" in r.stdout
+    child = r.stdout.split()[3]
+    assert client.stats(child).shared_pages == 4
+    r = _cli(server, "--json", "fork", s.id)
+    forked = json.loads(r.stdout)
+    assert forked["shared_pages"] == "4"  # int64: a JSON string
+    client.close(forked["session_id"])
+    r = _cli(server, "publish", s.id, "cli/system")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"published {s.id} as cli/system: 8 tokens in 4 pages\n"
+    assert _cli(server, "publish", s.id, "cli/system").returncode == 1  # twice
+    r = _cli(server, "prefixes")
+    rows = [l.split() for l in r.stdout.splitlines()]
+    assert rows[0][:3] == ["PREFIX", "TENANT", "PUBLIC"]
+    assert ["cli/system", "-", "no", "yes", "t_f32", "8", "4"] == rows[1][:7]
+    agent = client.create_session("", "full", budget=64, prefix="cli/system")
+    r = _cli(server, "--json", "prefixes")
+    assert [(p["name"], p["holders"]) for p in json.loads(r.stdout)["prefixes"]] == \
+        [("cli/system", "1")]
+    r = _cli(server, "unpublish", "cli/system")
+    assert r.stdout == "unpublished cli/system: 1 sessions still hold it\n"
+    r = _cli(server, "--json", "unpublish", "cli/system")
+    assert r.returncode == 1 and json.loads(r.stdout)["error"]["code"] == "NOT_FOUND"
+    assert _cli(server, "fork").returncode == 2
+    assert _cli(server, "publish", s.id).returncode == 2
+    for x in (agent, s):
+        x.close()
+    client.close(child)
+
+
 def test_examples_run(server):
     for name in ("agent_loop.py", "numpy_worker.py"):
         path = os.path.join(HERE, "..", "examples", name)

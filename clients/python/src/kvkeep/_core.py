@@ -93,14 +93,16 @@ def channel_credentials(tls: TlsArg) -> Optional[grpc.ChannelCredentials]:
     return grpc.ssl_channel_credentials(root_certificates=tls)
 
 
-def channel_options(options: Options) -> List[Tuple[str, Any]]:
+def channel_options(options: Options, round_robin: bool = False) -> List[Tuple[str, Any]]:
+    """round_robin: spread calls over every address the target resolves to
+    (a fleet's discovery)."""
     ms = lambda s: max(1, min(int(s * 1000), 1 << 30))  # noqa: E731
     return [
         ("grpc.initial_reconnect_backoff_ms", ms(options.backoff)),
         ("grpc.max_reconnect_backoff_ms", ms(options.max_backoff)),
         ("grpc.max_receive_message_length", -1),
         ("grpc.max_send_message_length", -1),
-    ]
+    ] + ([("grpc.lb_policy_name", "round_robin")] if round_robin else [])
 
 
 def metadata(token: Optional[str]) -> Tuple[Tuple[str, str], ...]:
@@ -656,6 +658,40 @@ class SessionHandle:
     in_sync: bool = True
     closed: bool = False
     extra: Dict[str, Any] = field(default_factory=dict)
+
+
+def create_request(info: pb.ServerInfo, layout: str, policy: str, budget: "BudgetArg",
+                   params: Mapping[str, Any], *, idempotency_key: Optional[str],
+                   idle_timeout_seconds: float, prefix: str, prefix_evictable: bool
+                   ) -> Tuple[pb.CreateSessionRequest, Optional[pb.PolicyInfo]]:
+    """CreateSession's request, its policy parameters checked, and the
+    policy (None: the server's default, learnt after the create)."""
+    pinfo = find_policy(info, policy) if policy else None
+    checked = check_policy_params(pinfo, params) if pinfo else \
+        {k: str(v) for k, v in params.items()}
+    req = pb.CreateSessionRequest(
+        layout=layout, policy=policy, policy_params=checked,
+        budget=budget_proto(budget), idempotency_key=idempotency_key or new_id(),
+        idle_timeout_seconds=idle_timeout_seconds, prefix=prefix,
+        prefix_evictable=prefix_evictable)
+    return req, pinfo
+
+
+def fork_request(info: pb.ServerInfo, parent: SessionHandle, policy: str,
+                 budget: "BudgetArg", params: Mapping[str, Any],
+                 idempotency_key: Optional[str]
+                 ) -> Tuple[pb.ForkSessionRequest, Optional[pb.PolicyInfo]]:
+    """ForkSession's request for a child of `parent`, and the child's policy."""
+    pinfo = find_policy(info, policy) if policy else parent.policy
+    checked = check_policy_params(pinfo, params) if policy and pinfo \
+        else {k: str(v) for k, v in params.items()}
+    req = pb.ForkSessionRequest(
+        session_id=parent.id, policy=policy, policy_params=checked,
+        idempotency_key=idempotency_key or new_id())
+    if budget is not None:  # set even when all zero: "this budget"
+        req.budget.SetInParent()
+        req.budget.CopyFrom(budget_proto(budget))
+    return req, pinfo
 
 
 def over_budget_layers(h: SessionHandle, layers: Sequence[int]) -> List[int]:

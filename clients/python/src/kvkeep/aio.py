@@ -14,49 +14,63 @@ its mirror belong to one task at a time.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, AsyncIterator, Callable, List, Optional, Sequence
 
 import grpc
 import grpc.aio
 
-from kvkeep import _core
+from kvkeep import _core, _fleet, _watch
 from kvkeep._core import (BudgetArg, LayerKv, Options, Scores, SessionHandle, TlsArg,
                           TokensArg)
-from kvkeep.errors import (AMBIGUOUS_CODES, Aborted, FailedPrecondition,
-                           InvalidArgument, KvKeepError, Unavailable, error_for,
-                           from_rpc_error)
+from kvkeep.errors import (AMBIGUOUS_CODES, Aborted, KvKeepError, Unavailable,
+                           error_for, from_rpc_error)
 from kvkeep.mirror import BlockTableMirror
 from kvkeep.pool import MappedPool
 from kvkeep.v1 import kvkeep_pb2 as pb
 from kvkeep.v1 import kvkeep_pb2_grpc as pb_grpc
 
-__all__ = ["Client", "Session", "DecodeStream"]
+__all__ = ["Client", "Session", "DecodeStream", "EventWatch", "Fleet"]
 
 _UNKNOWN = object()
 
 
-class _Connection:
-    def __init__(self, address: str, token: Optional[str], tls: TlsArg,
-                 options: Options):
-        self.address = address
-        self.options = options
-        self.metadata = _core.metadata(token)
-        creds = _core.channel_credentials(tls)
-        opts = _core.channel_options(options)
-        self.channel = (grpc.aio.secure_channel(address, creds, opts) if creds
-                        else grpc.aio.insecure_channel(address, opts))
-        self.stub = pb_grpc.KvKeepStub(self.channel)
-        self._info: Optional[pb.ServerInfo] = None
+class _Connection(_fleet.Route):
+    """The sync client's _Connection on grpc.aio."""
 
-    async def call(self, method: str, request: Any, *,
+    @classmethod
+    def open(cls, address: str, token: Optional[str], tls: TlsArg, options: Options,
+             *, round_robin: bool = False, replica: str = "") -> "_Connection":
+        creds = _core.channel_credentials(tls)
+        opts = _core.channel_options(options, round_robin)
+        channel = (grpc.aio.secure_channel(address, creds, opts) if creds
+                   else grpc.aio.insecure_channel(address, opts))
+        return cls(address, options, _core.metadata(token), channel,
+                   pb_grpc.KvKeepStub(channel), replica)
+
+    async def followed(self, e: grpc.RpcError, method: str) -> bool:
+        """follow(e), then on_move once switched (see Route.moved_error)."""
+        if not self.follow(e):
+            return False
+        if self.on_move is not None:
+            self.follows = False  # one move per call: the reload follows none
+            try:
+                await self.on_move()
+            except KvKeepError as err:
+                raise self.moved_error(err, method) from None
+            finally:
+                self.follows = True
+        return True
+
+    async def call(self, method: str, request: Any, *, retry: Optional[bool] = None,
                    on_attempt_error: Optional[Callable[[grpc.RpcError, int], Any]] = None,
                    stream: bool = False) -> Any:
-        retry = method in _core.RETRIED
+        retry = method in _core.RETRIED if retry is None else retry
         waits = self.options.waits() if retry else iter(())
-        fn = getattr(self.stub, method)
         attempt = 0
+        followed = False
         while True:
             attempt += 1
+            fn = getattr(self.stub, method)
             try:
                 if stream:
                     call = fn(request, metadata=self.metadata,
@@ -65,6 +79,9 @@ class _Connection:
                 return await fn(request, metadata=self.metadata,
                                 timeout=self.options.deadline)
             except grpc.RpcError as e:
+                if not followed and await self.followed(e, method):
+                    followed = True  # once: a second move is the caller's to see
+                    continue
                 if on_attempt_error is not None:
                     handled = on_attempt_error(e, attempt)
                     if handled is not None:
@@ -74,10 +91,8 @@ class _Connection:
                     if wait is not None:
                         await asyncio.sleep(wait)
                         continue
-                    if attempt > 1:
-                        raise Unavailable(
-                            f"{method} to {self.address} failed after {attempt} "
-                            f"attempts: {e.details()}", method=method) from None
+                    if attempt > 1 or self.replica:
+                        raise self.unavailable(method, attempt, e.details()) from None
                 raise from_rpc_error(e, method) from None
 
     async def info(self, refresh: bool = False) -> pb.ServerInfo:
@@ -130,18 +145,10 @@ async def _close(c: _Connection, session_id: str) -> Optional[int]:
     return None if resp is _UNKNOWN else resp.freed_pages
 
 
-class Client:
+class Client(_fleet.ClientBase):
     """kvkeep.Client on asyncio; the same arguments and methods, awaited."""
 
-    def __init__(self, address: str = "127.0.0.1:50051", token: Optional[str] = None,
-                 tls: TlsArg = None, options: Optional[Options] = None):
-        if not address:
-            raise InvalidArgument("Client: empty address", client_side=True)
-        self._c = _Connection(address, token, tls, options or Options())
-
-    @property
-    def address(self) -> str:
-        return self._c.address
+    _connection = _Connection
 
     async def close_channel(self) -> None:
         await self._c.channel.close()
@@ -161,29 +168,47 @@ class Client:
     async def create_session(self, layout: str, policy: str = "",
                              budget: BudgetArg = None, *,
                              idempotency_key: Optional[str] = None,
-                             idle_timeout_seconds: float = 0,
+                             idle_timeout_seconds: float = 0, prefix: str = "",
+                             prefix_evictable: bool = False,
                              **params: Any) -> "Session":
-        """See kvkeep.Client.create_session."""
+        """See kvkeep.Client.create_session (prefix: start from a named
+        prefix, sharing its pages; layout may then be "")."""
         info = await self._c.info()
-        lay = await self._c.layout(layout)
-        pinfo = _core.find_policy(info, policy) if policy else None
-        checked = _core.check_policy_params(pinfo, params) if pinfo else \
-            {k: str(v) for k, v in params.items()}
-        req = pb.CreateSessionRequest(
-            layout=layout, policy=policy, policy_params=checked,
-            budget=_core.budget_proto(budget),
-            idempotency_key=idempotency_key or _core.new_id(),
-            idle_timeout_seconds=idle_timeout_seconds)
+        lay = await self._c.layout(layout) if layout or not prefix else None
+        req, pinfo = _core.create_request(
+            info, layout, policy, budget, params, idempotency_key=idempotency_key,
+            idle_timeout_seconds=idle_timeout_seconds, prefix=prefix,
+            prefix_evictable=prefix_evictable)
         resp = await self._c.call("CreateSession", req)
         if pinfo is None:
             stats = await self.stats(resp.session_id)
             pinfo = _core.find_policy(info, stats.policy)
+        if prefix:  # starts with the prefix's tokens: its tables, its layout
+            lay = await self._c.layout(resp.layout)
+            tables = BlockTableMirror.from_tables(
+                await self._c.block_tables(resp.session_id))
+        else:
+            tables = BlockTableMirror(lay.page_tokens, resp.layer_versions)
         handle = SessionHandle(
             id=resp.session_id, layout=lay, policy=pinfo,
             layer_budgets=list(resp.layer_budgets),
-            max_message_bytes=info.max_message_bytes,
-            tables=BlockTableMirror(lay.page_tokens, resp.layer_versions))
+            max_message_bytes=info.max_message_bytes, tables=tables)
         return Session(self._c, handle)
+
+    async def unpublish_prefix(self, name: str, is_public: bool = False) -> int:
+        """See kvkeep.Client.unpublish_prefix."""
+        return (await self._c.call("UnpublishPrefix", pb.UnpublishPrefixRequest(
+            name=name, is_public=is_public))).holders
+
+    async def list_prefixes(self) -> List[pb.PrefixInfo]:
+        """See kvkeep.Client.list_prefixes."""
+        return list((await self._c.call("ListPrefixes",
+                                        pb.ListPrefixesRequest())).prefixes)
+
+    def watch_events(self, kinds: Sequence[int] = (), *, after_sequence: int = 0,
+                     incarnation: int = 0) -> "EventWatch":
+        """See kvkeep.Client.watch_events: ``async for event in watch``."""
+        return EventWatch(self._c, list(kinds), after_sequence, incarnation)
 
     async def open_session(self, session_id: str) -> "Session":
         stats = await self.stats(session_id)
@@ -234,9 +259,20 @@ class Session:
     """kvkeep.Session on asyncio: ``async with`` closes it."""
 
     def __init__(self, conn: _Connection, handle: SessionHandle):
-        self._c = conn
+        # In a fleet each handle has its own route: it follows its session.
+        self._c = conn.route() if conn.redirect is not None else conn
         self._h = handle
         self._stream: Optional[DecodeStream] = None
+        if self._c.follows:
+            self._c.on_move = self._reload_tables
+
+    async def _reload_tables(self) -> None:
+        """After a move: the same slots on the new replica's pages (see the
+        sync client)."""
+        self._h.in_sync = False
+        self._h.tables = BlockTableMirror.from_tables(
+            await self._c.block_tables(self.id))
+        self._h.in_sync = True
 
     id = property(lambda self: self._h.id)
     layout = property(lambda self: self._h.layout)
@@ -282,12 +318,17 @@ class Session:
                                 a, b) for i, (a, b) in enumerate(ranges)]
 
         async def send() -> pb.AppendPrefillResponse:
-            try:
-                return await self._c.stub.AppendPrefill(
-                    iter(reqs), metadata=self._c.metadata,
-                    timeout=self._c.options.stream_deadline)
-            except grpc.RpcError as e:
-                raise from_rpc_error(e, "AppendPrefill") from None
+            for followed in (False, True):  # a moved session: see the sync client
+                try:
+                    return await self._c.stub.AppendPrefill(
+                        iter(reqs), metadata=self._c.metadata,
+                        timeout=self._c.options.stream_deadline)
+                except grpc.RpcError as e:
+                    if not followed and await self._c.followed(e, "AppendPrefill"):
+                        continue
+                    raise self._c.name_unavailable(
+                        from_rpc_error(e, "AppendPrefill"), "AppendPrefill") from None
+            raise AssertionError("unreachable")
 
         resp = await self._mutating(send())
         if len(resp.chunks) != len(ranges):
@@ -357,6 +398,26 @@ class Session:
         return MappedPool(await self._c.call("MapPool",
                                              pb.MapPoolRequest(session_id=self.id)))
 
+    async def publish(self, name: str, is_public: bool = False) -> pb.PrefixInfo:
+        """See kvkeep.Session.publish."""
+        return await self._c.call("PublishPrefix", pb.PublishPrefixRequest(
+            session_id=self.id, name=name, is_public=is_public))
+
+    async def fork(self, policy: str = "", budget: BudgetArg = None, *,
+                   idempotency_key: Optional[str] = None, **params: Any) -> "Session":
+        """See kvkeep.Session.fork: a child sharing this session's pages."""
+        info = await self._c.info()
+        req, pinfo = _core.fork_request(info, self._h, policy, budget, params,
+                                        idempotency_key)
+        resp = await self._c.call("ForkSession", req)
+        tables = BlockTableMirror.from_tables(
+            await self._c.block_tables(resp.session_id))
+        handle = SessionHandle(
+            id=resp.session_id, layout=self.layout, policy=pinfo,
+            layer_budgets=list(resp.layer_budgets),
+            max_message_bytes=info.max_message_bytes, tables=tables)
+        return Session(self._c, handle)
+
 
 class DecodeStream:
     """kvkeep.DecodeStream on asyncio (same rules; ``async with`` closes it)."""
@@ -377,6 +438,10 @@ class DecodeStream:
 
     async def step(self, token: Optional[TokensArg] = None,
                    scores: Optional[Scores] = None) -> pb.DecodeStepResult:
+        return await self._step(token, scores, may_follow=True)
+
+    async def _step(self, token: Optional[TokensArg], scores: Optional[Scores],
+                    may_follow: bool) -> pb.DecodeStepResult:
         h = self._s._h
         req, packed = _core.decode_step_request(h, token, scores, self._ended,
                                                 self._finished, self.reopen)
@@ -386,37 +451,59 @@ class DecodeStream:
                                        timeout=c.options.stream_deadline)
             self._first = True
             self._ended = None
-        if self._first:
+        first = self._first
+        if first:
             req.session_id = h.id
             self._first = False
         try:
-            wrote = False
-            await self._call.write(req)
-            wrote = True
-            result = await self._call.read()
+            result = await self._exchange(req)
         except grpc.RpcError as e:
-            err = from_rpc_error(e, "Decode")
-            if not wrote and err.code == grpc.StatusCode.INTERNAL and \
-                    "from Core" in err.message:
+            # A moved session refuses a stream's first step (nothing applied):
+            # it goes once more, on a stream to the new replica.
+            try:
+                moved = first and may_follow and await c.followed(e, "Decode")
+            except KvKeepError as err:
+                return await self._fail(err)
+            if moved:
+                self._call.cancel()
+                self._call = None
+                return await self._step(token, scores, may_follow=False)
+            return await self._fail(c.name_unavailable(from_rpc_error(e, "Decode"),
+                                                       "Decode"))
+        except KvKeepError as e:
+            return await self._fail(e)
+        h.tables.apply_decode(result, packed.positions if packed is not None else ())
+        return result
+
+    async def _exchange(self, req: pb.DecodeStep) -> pb.DecodeStepResult:
+        """Writes one step and reads its answer; the stream's end raises its
+        status as an RpcError."""
+        c, h = self._s._c, self._s._h
+        try:
+            await self._call.write(req)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.INTERNAL and "from Core" in (e.details() or ""):
                 # grpc.aio reports a write on a broken connection (kvkeepd
                 # gone) as INTERNAL "Internal error from Core"; a stream the
                 # server ended raises the server's status instead.
-                err = Unavailable(f"the connection to {c.address} broke during the "
-                                  f"decode stream of session {h.id} ({err.message})",
-                                  method="Decode")
-            return await self._fail(err)
+                raise Unavailable(f"the connection to {c.where()} broke during the "
+                                  f"decode stream of session {h.id} ({e.details()})",
+                                  method="Decode") from None
+            raise
+        try:
+            result = await self._call.read()
         except asyncio.InvalidStateError:
             result = grpc.aio.EOF
-        if result is grpc.aio.EOF:
-            code = await self._call.code()
-            details = await self._call.details()
-            if code == grpc.StatusCode.OK:
-                code, details = grpc.StatusCode.INTERNAL, (
-                    f"the server ended the decode stream of session {h.id} "
-                    "without answering a step")
-            return await self._fail(error_for(code, details or "", method="Decode"))
-        h.tables.apply_decode(result, packed.positions if packed is not None else ())
-        return result
+        if result is not grpc.aio.EOF:
+            return result
+        code = await self._call.code()
+        details = await self._call.details()
+        if code == grpc.StatusCode.OK:
+            code, details = grpc.StatusCode.INTERNAL, (
+                f"the server ended the decode stream of session {h.id} "
+                "without answering a step")
+        raise grpc.aio.AioRpcError(code, grpc.aio.Metadata(),
+                                   await self._call.trailing_metadata(), details)
 
     async def _fail(self, err: KvKeepError) -> Any:
         if err.code in AMBIGUOUS_CODES:
@@ -437,3 +524,37 @@ class DecodeStream:
             except (grpc.RpcError, asyncio.InvalidStateError):
                 pass
         self._finished = True
+
+
+class EventWatch(_watch.EventWatchBase):
+    """kvkeep.EventWatch on asyncio: ``await watch.start()``, then ``async
+    for event in watch`` yields each event once, in order; iterating again
+    after the stream ended resumes after the last one seen."""
+
+    async def _read(self) -> pb.WatchEventsResponse:
+        try:
+            msg = await self._call.read()
+        except grpc.RpcError as e:
+            self._call = None
+            raise from_rpc_error(e, "WatchEvents") from None
+        if msg is grpc.aio.EOF:
+            self._call = None
+            raise error_for(grpc.StatusCode.UNAVAILABLE,
+                            "the server ended the event stream", method="WatchEvents")
+        return msg
+
+    async def start(self) -> "EventWatch":
+        self._open()
+        self._started(await self._read())
+        return self
+
+    async def __aiter__(self) -> AsyncIterator[pb.Event]:
+        if self._call is None:
+            await self.start()
+        while True:
+            while self._pending:
+                yield self._next_pending()
+            self._pending = list((await self._read()).events)
+
+
+from kvkeep.aio_fleet import Fleet  # noqa: E402  (it builds on the classes above)

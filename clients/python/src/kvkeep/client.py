@@ -22,12 +22,11 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 import grpc
 
-from kvkeep import _core
+from kvkeep import _core, _fleet, _watch
 from kvkeep._core import (BudgetArg, LayerKv, Options, Scores, SessionHandle, TlsArg,
                           TokensArg)
-from kvkeep.errors import (AMBIGUOUS_CODES, Aborted, FailedPrecondition,
-                           InvalidArgument, KvKeepError, Unavailable, error_for,
-                           from_rpc_error)
+from kvkeep.errors import (AMBIGUOUS_CODES, Aborted, FailedPrecondition, KvKeepError,
+                           Unavailable, error_for, from_rpc_error)
 from kvkeep.mirror import BlockTableMirror
 from kvkeep.pool import MappedPool
 from kvkeep.v1 import kvkeep_pb2 as pb
@@ -36,41 +35,62 @@ from kvkeep.v1 import kvkeep_pb2_grpc as pb_grpc
 __all__ = ["Client", "Session", "DecodeStream", "EventWatch"]
 
 
-class _Connection:
-    """Channel, stub, options and the cached ServerInfo of one client."""
+class _Connection(_fleet.Route):
+    """Channel, stub, options and the cached ServerInfo of one client (or,
+    in a fleet, of one replica or one session handle: _fleet.Route)."""
 
-    def __init__(self, address: str, token: Optional[str], tls: TlsArg,
-                 options: Options):
-        self.address = address
-        self.options = options
-        self.metadata = _core.metadata(token)
+    @classmethod
+    def open(cls, address: str, token: Optional[str], tls: TlsArg, options: Options,
+             *, round_robin: bool = False, replica: str = "") -> "_Connection":
         creds = _core.channel_credentials(tls)
-        opts = _core.channel_options(options)
-        self.channel = (grpc.secure_channel(address, creds, opts) if creds
-                        else grpc.insecure_channel(address, opts))
-        self.stub = pb_grpc.KvKeepStub(self.channel)
-        self._info: Optional[pb.ServerInfo] = None
+        opts = _core.channel_options(options, round_robin)
+        channel = (grpc.secure_channel(address, creds, opts) if creds
+                   else grpc.insecure_channel(address, opts))
+        return cls(address, options, _core.metadata(token), channel,
+                   pb_grpc.KvKeepStub(channel), replica)
+
+    def __init__(self, *args: Any, **kw: Any):
+        super().__init__(*args, **kw)
         self._lock = threading.Lock()
+
+    def followed(self, e: grpc.RpcError, method: str) -> bool:
+        """follow(e), then on_move once switched (see Route.moved_error)."""
+        if not self.follow(e):
+            return False
+        if self.on_move is not None:
+            self.follows = False  # one move per call: the reload follows none
+            try:
+                self.on_move()
+            except KvKeepError as err:
+                raise self.moved_error(err, method) from None
+            finally:
+                self.follows = True
+        return True
 
     def call(self, method: str, request: Any, *, retry: Optional[bool] = None,
              on_attempt_error: Optional[Callable[[grpc.RpcError, int], Any]] = None,
              stream: bool = False) -> Any:
-        """One RPC with the token, a deadline per attempt and the retry rule.
+        """One RPC with the token, a deadline per attempt and the retry rule;
+        a moved session is followed once (fleet handles).
 
         on_attempt_error(err, attempt) may return a value to end with (e.g.
         CloseSession's NOT_FOUND after a lost attempt)."""
         retry = method in _core.RETRIED if retry is None else retry
         waits = self.options.waits() if retry else iter(())
-        fn = getattr(self.stub, method)
         attempt = 0
+        followed = False
         while True:
             attempt += 1
+            fn = getattr(self.stub, method)
             try:
                 if stream:
                     return list(fn(request, metadata=self.metadata,
                                    timeout=self.options.deadline))
                 return fn(request, metadata=self.metadata, timeout=self.options.deadline)
             except grpc.RpcError as e:
+                if not followed and self.followed(e, method):
+                    followed = True  # once: a second move is the caller's to see
+                    continue
                 if on_attempt_error is not None:
                     handled = on_attempt_error(e, attempt)
                     if handled is not None:
@@ -80,10 +100,8 @@ class _Connection:
                     if wait is not None:
                         time.sleep(wait)
                         continue
-                    if attempt > 1:
-                        raise Unavailable(
-                            f"{method} to {self.address} failed after {attempt} "
-                            f"attempts: {e.details()}", method=method) from None
+                    if attempt > 1 or self.replica:
+                        raise self.unavailable(method, attempt, e.details()) from None
                 raise from_rpc_error(e, method) from None
 
     def info(self, refresh: bool = False) -> pb.ServerInfo:
@@ -125,7 +143,7 @@ class _Connection:
         return layout
 
 
-class Client:
+class Client(_fleet.ClientBase):
     """A connection to one kvkeepd. Thread-safe; connects lazily.
 
     address: host:port (or any gRPC target).
@@ -135,15 +153,7 @@ class Client:
     options: deadlines and retries (:class:`kvkeep.Options`).
     """
 
-    def __init__(self, address: str = "127.0.0.1:50051", token: Optional[str] = None,
-                 tls: TlsArg = None, options: Optional[Options] = None):
-        if not address:
-            raise InvalidArgument("Client: empty address", client_side=True)
-        self._c = _Connection(address, token, tls, options or Options())
-
-    @property
-    def address(self) -> str:
-        return self._c.address
+    _connection = _Connection
 
     def close_channel(self) -> None:
         """Closes the channel (open sessions stay open on the server)."""
@@ -194,13 +204,8 @@ class Client:
         """
         info = self._c.info()
         lay = self._c.layout(layout) if layout or not prefix else None
-        pinfo = _core.find_policy(info, policy) if policy else None
-        checked = _core.check_policy_params(pinfo, params) if pinfo else \
-            {k: str(v) for k, v in params.items()}
-        req = pb.CreateSessionRequest(
-            layout=layout, policy=policy, policy_params=checked,
-            budget=_core.budget_proto(budget),
-            idempotency_key=idempotency_key or _core.new_id(),
+        req, pinfo = _core.create_request(
+            info, layout, policy, budget, params, idempotency_key=idempotency_key,
             idle_timeout_seconds=idle_timeout_seconds, prefix=prefix,
             prefix_evictable=prefix_evictable)
         resp = self._c.call("CreateSession", req)
@@ -325,9 +330,19 @@ class Session:
     """
 
     def __init__(self, conn: _Connection, handle: SessionHandle):
-        self._c = conn
+        # In a fleet each handle has its own route: it follows its session.
+        self._c = conn.route() if conn.redirect is not None else conn
         self._h = handle
         self._stream: Optional[DecodeStream] = None
+        if self._c.follows:
+            self._c.on_move = self._reload_tables
+
+    def _reload_tables(self) -> None:
+        """After a move: the same slots on the new replica's pages (a resync;
+        until one succeeds, changes raise OutOfSync)."""
+        self._h.in_sync = False
+        self._h.tables = BlockTableMirror.from_tables(self._c.block_tables(self.id))
+        self._h.in_sync = True
 
     # -- what it is ------------------------------------------------------------
     @property
@@ -406,12 +421,19 @@ class Session:
                                       a, b)
 
         def send() -> pb.AppendPrefillResponse:
-            try:
-                return self._c.stub.AppendPrefill(
-                    requests(), metadata=self._c.metadata,
-                    timeout=self._c.options.stream_deadline)
-            except grpc.RpcError as e:
-                raise from_rpc_error(e, "AppendPrefill") from None
+            # A moved session refuses the first chunk (nothing appended):
+            # the whole prompt goes once more, to its new replica.
+            for followed in (False, True):
+                try:
+                    return self._c.stub.AppendPrefill(
+                        requests(), metadata=self._c.metadata,
+                        timeout=self._c.options.stream_deadline)
+                except grpc.RpcError as e:
+                    if not followed and self._c.followed(e, "AppendPrefill"):
+                        continue
+                    raise self._c.name_unavailable(
+                        from_rpc_error(e, "AppendPrefill"), "AppendPrefill") from None
+            raise AssertionError("unreachable")
 
         resp = self._mutating("AppendPrefill", send)
         if len(resp.chunks) != len(ranges):
@@ -521,15 +543,8 @@ class Session:
         The child's mirror starts as a copy of this one's block tables.
         """
         info = self._c.info()
-        pinfo = _core.find_policy(info, policy) if policy else self.policy
-        checked = _core.check_policy_params(pinfo, params) if policy and pinfo \
-            else {k: str(v) for k, v in params.items()}
-        req = pb.ForkSessionRequest(
-            session_id=self.id, policy=policy, policy_params=checked,
-            idempotency_key=idempotency_key or _core.new_id())
-        if budget is not None:  # set even when all zero: "this budget"
-            req.budget.SetInParent()
-            req.budget.CopyFrom(_core.budget_proto(budget))
+        req, pinfo = _core.fork_request(info, self._h, policy, budget, params,
+                                        idempotency_key)
         resp = self._c.call("ForkSession", req)
         tables = BlockTableMirror.from_tables(self._c.block_tables(resp.session_id))
         handle = SessionHandle(
@@ -598,12 +613,17 @@ class DecodeStream:
         """One step: `token` (keys, values, positions; or None) is appended
         first, then `scores` apply at the mirror's versions before the append.
         Returns the DecodeStepResult, already applied to session.tables."""
+        return self._step(token, scores, may_follow=True)
+
+    def _step(self, token: Optional[TokensArg], scores: Optional[Scores],
+              may_follow: bool) -> pb.DecodeStepResult:
         h = self._s._h
         req, packed = _core.decode_step_request(h, token, scores, self._ended,
                                                 self._finished, self.reopen)
         if self._call is None:
             self._open()
-        if self._first:
+        first = self._first
+        if first:
             req.session_id = h.id
             self._first = False
         assert self._queue is not None
@@ -616,7 +636,17 @@ class DecodeStream:
                             "without answering a step", method="Decode")
             return self._fail(err)
         except grpc.RpcError as e:
-            return self._fail(from_rpc_error(e, "Decode"))
+            # A moved session refuses a stream's first step (nothing applied):
+            # it goes once more, on a stream to the new replica.
+            try:
+                moved = first and may_follow and self._s._c.followed(e, "Decode")
+            except KvKeepError as err:
+                return self._fail(err)
+            if moved:
+                self._end(cancel=True)
+                return self._step(token, scores, may_follow=False)
+            return self._fail(self._s._c.name_unavailable(from_rpc_error(e, "Decode"),
+                                                          "Decode"))
         h.tables.apply_decode(result, packed.positions if packed is not None else ())
         return result
 
@@ -640,22 +670,13 @@ class DecodeStream:
         self._finished = True
 
 
-class EventWatch:
+class EventWatch(_watch.EventWatchBase):
     """A WatchEvents stream that remembers where it is. start() opens it
     (resuming after `last_sequence` of `incarnation`) and returns once the
     server watches; iterating yields each event once, in order (starting
     the stream if needed). The stream's end raises its KvKeepError
     (OutOfRange: resync with Client.list and watch from now); iterating
     again then resumes. cancel() ends it from another thread."""
-
-    def __init__(self, conn: _Connection, kinds: List[int], after_sequence: int,
-                 incarnation: int):
-        self._c = conn
-        self._kinds = kinds
-        self.last_sequence = after_sequence
-        self.incarnation = incarnation
-        self._call: Any = None
-        self._pending: List[pb.Event] = []
 
     def _read(self) -> pb.WatchEventsResponse:
         try:
@@ -670,16 +691,8 @@ class EventWatch:
                             method="WatchEvents") from None
 
     def start(self) -> "EventWatch":
-        self.cancel()
-        req = pb.WatchEventsRequest(after_sequence=self.last_sequence,
-                                    incarnation=self.incarnation, kinds=self._kinds)
-        self._call = self._c.stub.WatchEvents(req, metadata=self._c.metadata,
-                                              timeout=self._c.options.stream_deadline)
-        first = self._read()
-        self.incarnation = first.incarnation
-        if self.last_sequence == 0:
-            self.last_sequence = first.latest_sequence
-        self._pending = list(first.events)
+        self._open()
+        self._started(self._read())
         return self
 
     def __iter__(self) -> Iterator[pb.Event]:
@@ -687,12 +700,5 @@ class EventWatch:
             self.start()
         while True:
             while self._pending:
-                event = self._pending.pop(0)
-                self.last_sequence = event.sequence
-                yield event
+                yield self._next_pending()
             self._pending = list(self._read().events)
-
-    def cancel(self) -> None:
-        if self._call is not None:
-            self._call.cancel()
-            self._call = None
