@@ -21,17 +21,17 @@
 //   per_head: [32][1][resident] per layer (32x the bytes);
 //   queries:  [1][32][128] per layer (the store scores the keys itself).
 //
-// Each phase (sessions x form x server) runs `warmup` seconds untimed, then
+// Each phase (sessions x form x server) runs `warmup` seconds untimed (for
+// reduced, also until every stream has made two eviction cycles), then
 // counts the steps that complete in the next `seconds`; for reduced, store
 // and no-op alternate in rounds so that other load on a shared machine falls
 // on both. Output: a table per phase, the store/no-op ratios, and query
-// scoring's GFLOP/s next to a plain float matrix product of the same shape
-// timed in the same process. bench/README.md explains every column.
+// scoring's GFLOP/s next to plain float matrix products of the same shape
+// timed in the same process (hand-written, and OpenBLAS sgemm,
+// bench/matmul_rate.h). bench/README.md explains every column.
 //
 // Plain main(), no Google Benchmark: a phase is many concurrent clients, not
 // one loop the library could time.
-#include <dlfcn.h>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
@@ -56,6 +56,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "bench/grpc_e2e_setup.h"
+#include "bench/matmul_rate.h"
+#include "bench/process_usage.h"
 #include "cache_store/cache_store.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
@@ -67,162 +70,36 @@
 #include "services/kvkeepd/allocator.h"
 #include "services/kvkeepd/kvkeep_server.h"
 
-// Counts the process's allocations: malloc, calloc and realloc (operator new
-// calls malloc) are wrapped here and passed to the next definition, glibc's
-// or an LD_PRELOADed allocator's. Relaxed counter: an estimate's precision.
-namespace {
-std::atomic<uint64_t> g_allocations{0};
-template <typename Fn>
-Fn Next(const char* name) {
-  return reinterpret_cast<Fn>(dlsym(RTLD_NEXT, name));
-}
-}  // namespace
-
-extern "C" {
-void* malloc(size_t n) {
-  static auto* next = Next<void* (*)(size_t)>("malloc");
-  g_allocations.fetch_add(1, std::memory_order_relaxed);
-  return next(n);
-}
-void* realloc(void* p, size_t n) {
-  static auto* next = Next<void* (*)(void*, size_t)>("realloc");
-  g_allocations.fetch_add(1, std::memory_order_relaxed);
-  return next(p, n);
-}
-// dlsym may calloc while it resolves calloc itself: those few come from a
-// static buffer (never freed: they live as long as the process).
-void* calloc(size_t count, size_t size) {
-  alignas(16) static char bootstrap[4096];
-  static size_t used = 0;
-  static thread_local bool resolving = false;
-  static void* (*next)(size_t, size_t) = nullptr;
-  if (next == nullptr) {
-    if (resolving) {
-      const size_t n = (count * size + 15) & ~size_t{15};
-      if (used + n > sizeof(bootstrap)) return nullptr;
-      used += n;
-      return bootstrap + used - n;  // static storage: zeroed
-    }
-    resolving = true;
-    next = Next<void* (*)(size_t, size_t)>("calloc");
-    resolving = false;
-  }
-  g_allocations.fetch_add(1, std::memory_order_relaxed);
-  return next(count, size);
-}
-}
-
 namespace kvkeep {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using bench::MonotonicSeconds;
+using bench::ProcessUsage;
+using bench::Usage;
+using e2e::BenchLayout;
+using e2e::Form;
+using e2e::FormName;
+using e2e::FromGrpc;
+using e2e::Inputs;
+using e2e::kHeadDim;
+using e2e::kKvHeads;
+using e2e::kLayers;
+using e2e::kMaxMessageBytes;
+using e2e::kPageTokens;
+using e2e::kQueryHeads;
+using e2e::kSlack;
+using e2e::MakeInputs;
+using e2e::MeasureReadKv;
+using e2e::Options;
+using e2e::PrefillAll;
+using e2e::RunConfig;
+using e2e::StreamState;
 
-constexpr int32_t kLayers = 32;
-constexpr int32_t kKvHeads = 8;
-constexpr int32_t kQueryHeads = 32;
-constexpr int32_t kHeadDim = 128;
-constexpr int32_t kPageTokens = 16;
-constexpr int64_t kSlack = 16;
-// Tokens per AppendPrefill message: 128 x 32 layers x 4 KiB = 16 MiB.
-constexpr int64_t kPrefillChunk = 128;
-constexpr int64_t kMaxMessageBytes = 64 << 20;  // kvkeepd's default
 // Replies kept per session for the no-op server: one eviction cycle (17
 // steps: one evicting reply and 16 others), from up to 8 sessions.
 constexpr size_t kCapturedReplies = kSlack + 1;
 constexpr size_t kCapturedSessions = 8;
-
-enum class Form { kReduced, kPerHead, kQueries };
-
-const char* FormName(Form f) {
-  switch (f) {
-    case Form::kReduced:
-      return "reduced";
-    case Form::kPerHead:
-      return "per_head";
-    case Form::kQueries:
-      return "queries";
-  }
-  return "?";
-}
-
-struct RunConfig {
-  int sessions = 0;
-  int64_t budget = 0;  // tokens per layer
-};
-
-struct Options {
-  std::vector<RunConfig> configs = {{1, 4096}, {16, 4096}, {64, 1024}};
-  std::vector<Form> forms = {Form::kReduced, Form::kPerHead, Form::kQueries};
-  double warmup_s = 0.5;
-  double seconds = 3;        // timed window of reduced and per_head phases
-  double query_seconds = 5;  // queries steps are slow: more time, more steps
-  int rounds = 3;            // store/no-op alternations for reduced
-  int prefill_threads = 2;
-  bool print_windows = false;  // each window's CLOCK_MONOTONIC span
-  bool daemon_malloc = true;   // ConfigureMalloc(), as kvkeepd
-};
-
-ModelLayout BenchLayout() {
-  ModelLayout layout;
-  layout.name = "bench";
-  layout.num_layers = kLayers;
-  layout.kv_heads = kKvHeads;
-  layout.query_heads = kQueryHeads;
-  layout.head_dim = kHeadDim;
-  layout.dtype = DType::kBF16;
-  layout.page_tokens = kPageTokens;
-  return layout;
-}
-
-// What the clients send, generated once per budget.
-struct Inputs {
-  int64_t budget = 0;
-  // [kQueryHeads][budget + 1]: each head's row a softmax of noisy logits
-  // with shared heavy hitters over budget + 1 slots, so any prefix of a row
-  // is a valid probability row (sums to at most 1).
-  std::vector<float> per_head;
-  std::vector<float> reduced;  // [budget + 1]: per_head summed over heads
-  std::vector<float> queries;  // [kLayers][kQueryHeads][kHeadDim]
-  std::string token_kv;        // one token of one layer: [8][128] bf16
-  std::string chunk_kv;        // kPrefillChunk tokens of one layer
-};
-
-Inputs MakeInputs(int64_t budget) {
-  Inputs in;
-  in.budget = budget;
-  std::mt19937 rng(42);
-  std::normal_distribution<float> normal;
-  const int64_t row = budget + 1;
-  in.per_head.resize(kQueryHeads * row);
-  in.reduced.assign(row, 0.0f);
-  std::vector<double> e(row);
-  for (int32_t h = 0; h < kQueryHeads; ++h) {
-    double sum = 0;
-    for (int64_t j = 0; j < row; ++j) {
-      const double heavy = (j % 61 == 0) ? 3.0 : 0.0;
-      e[j] = std::exp(normal(rng) + heavy);
-      sum += e[j];
-    }
-    // 0.999: float rounding must not push a row's sum past 1.
-    for (int64_t j = 0; j < row; ++j) {
-      const float p = static_cast<float>(0.999 * e[j] / sum);
-      in.per_head[h * row + j] = p;
-      in.reduced[j] += p;
-    }
-  }
-  in.queries.resize(int64_t{kLayers} * kQueryHeads * kHeadDim);
-  for (float& q : in.queries) q = normal(rng);
-  const int64_t token_elems = int64_t{kKvHeads} * kHeadDim;
-  in.token_kv.resize(token_elems * 2);
-  for (int64_t i = 0; i < token_elems; ++i) {
-    StoreFromFloat(DType::kBF16, in.token_kv.data(), i, normal(rng));
-  }
-  in.chunk_kv.resize(kPrefillChunk * token_elems * 2);
-  for (int64_t i = 0; i < kPrefillChunk * token_elems; ++i) {
-    StoreFromFloat(DType::kBF16, in.chunk_kv.data(), i, normal(rng));
-  }
-  return in;
-}
 
 // The no-op server: Decode only. Each stream reads a step (parsing all of
 // it, as the real server does) and answers with the next captured reply.
@@ -302,104 +179,6 @@ std::shared_ptr<grpc::Channel> NewChannel(const std::string& address) {
   args.SetMaxSendMessageSize(static_cast<int>(kMaxMessageBytes));
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
                                    args);
-}
-
-absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat(what, ": ", s.error_message()));
-}
-
-// A session's decode state as its worker tracks it: the next position, and
-// per layer the version and resident count after the last step.
-struct StreamState {
-  std::string session_id;
-  int64_t next_position = 0;
-  std::vector<uint64_t> version;
-  std::vector<int64_t> resident;
-};
-
-// Session i starts (i mod 17) tokens below the budget. In steady state a
-// layer's resident count cycles through 17 values (budget - 16 after an
-// eviction, up to budget + 1 after the append that triggers the next one);
-// starting at different points of that cycle keeps sessions, which get the
-// same inputs and fair service, from all evicting on the same step, so that
-// any window of steps holds its share of eviction steps.
-int64_t PrefillTokens(int64_t budget, int session) {
-  return budget - (session % (kSlack + 1));
-}
-
-// Creates an h2o session and appends `tokens` (at most the budget) of
-// prompt through AppendPrefill.
-absl::StatusOr<StreamState> CreateAndPrefill(v1::KvKeep::Stub& stub,
-                                             const Inputs& in, int64_t tokens) {
-  v1::CreateSessionRequest create;
-  create.set_layout("bench");
-  create.set_policy("h2o");
-  (*create.mutable_policy_params())["sinks"] = "4";
-  (*create.mutable_policy_params())["recent"] = "64";
-  (*create.mutable_policy_params())["slack"] = absl::StrCat(kSlack);
-  create.mutable_budget()->set_tokens(in.budget);
-  v1::CreateSessionResponse created;
-  {
-    grpc::ClientContext ctx;
-    if (absl::Status s = FromGrpc(stub.CreateSession(&ctx, create, &created),
-                                  "CreateSession");
-        !s.ok()) {
-      return s;
-    }
-  }
-  StreamState st;
-  st.session_id = created.session_id();
-  v1::AppendRequest chunk;
-  for (int32_t l = 0; l < kLayers; ++l) {
-    v1::LayerKv* kv = chunk.add_layers();
-    kv->set_keys(in.chunk_kv);
-    kv->set_values(in.chunk_kv);
-  }
-  grpc::ClientContext ctx;
-  v1::AppendPrefillResponse prefilled;
-  std::unique_ptr<grpc::ClientWriter<v1::AppendRequest>> writer =
-      stub.AppendPrefill(&ctx, &prefilled);
-  for (int64_t first = 0; first < tokens; first += kPrefillChunk) {
-    const int64_t n = std::min(kPrefillChunk, tokens - first);
-    chunk.set_session_id(first == 0 ? st.session_id : "");
-    chunk.clear_positions();
-    for (int64_t i = 0; i < n; ++i) chunk.add_positions(first + i);
-    if (n < kPrefillChunk) {
-      const size_t bytes = n * in.token_kv.size();
-      for (v1::LayerKv& kv : *chunk.mutable_layers()) {
-        kv.mutable_keys()->resize(bytes);
-        kv.mutable_values()->resize(bytes);
-      }
-    }
-    if (!writer->Write(chunk)) break;  // Finish says why
-  }
-  writer->WritesDone();
-  if (absl::Status s = FromGrpc(writer->Finish(), "AppendPrefill"); !s.ok()) {
-    return s;
-  }
-  v1::GetSessionStatsRequest stats_req;
-  stats_req.set_session_id(st.session_id);
-  v1::SessionStats stats;
-  grpc::ClientContext stats_ctx;
-  if (absl::Status s = FromGrpc(
-          stub.GetSessionStats(&stats_ctx, stats_req, &stats), "GetStats");
-      !s.ok()) {
-    return s;
-  }
-  st.next_position = tokens;
-  st.version.assign(stats.layer_version().begin(), stats.layer_version().end());
-  st.resident.assign(stats.layer_resident().begin(),
-                     stats.layer_resident().end());
-  if (static_cast<int32_t>(st.resident.size()) != kLayers ||
-      st.resident[0] != tokens) {
-    return absl::InternalError(
-        absl::StrCat("session ", st.session_id, " holds ",
-                     st.resident.empty() ? -1 : st.resident[0],
-                     " tokens after prefill, expected ", tokens));
-  }
-  return st;
 }
 
 // The step message, built once per stream; Fill() updates what changes.
@@ -485,9 +264,24 @@ struct StreamResult {
   std::deque<v1::DecodeStepResult> replies;
 };
 
+// A phase's timed window, opened by RunPhase once every stream has warmed
+// up; until then it starts and ends at the end of time.
+struct Window {
+  int64_t warmup_steps = 0;  // each stream's, before it counts as warm
+  std::atomic<int> warm{0};  // streams that have made their warm-up steps
+  std::atomic<Clock::rep> start{
+      Clock::time_point::max().time_since_epoch().count()};
+  std::atomic<Clock::rep> end{
+      Clock::time_point::max().time_since_epoch().count()};
+
+  static Clock::time_point At(const std::atomic<Clock::rep>& t) {
+    return Clock::time_point(Clock::duration(t.load()));
+  }
+};
+
 void RunStream(v1::KvKeep::Stub* stub, const Inputs* in, Form form,
-               StreamState* st, Clock::time_point window_start,
-               Clock::time_point window_end, bool capture, StreamResult* out) {
+               StreamState* st, Window* window, bool capture,
+               StreamResult* out) {
   grpc::ClientContext ctx;
   std::unique_ptr<
       grpc::ClientReaderWriter<v1::DecodeStep, v1::DecodeStepResult>>
@@ -495,7 +289,9 @@ void RunStream(v1::KvKeep::Stub* stub, const Inputs* in, Form form,
   v1::DecodeStep step = StepTemplate(st->session_id, form, *in);
   v1::DecodeStepResult reply;
   bool broken = false;
-  while (Clock::now() < window_end) {
+  int64_t steps = 0;
+  if (window->warmup_steps == 0) ++window->warm;
+  while (Clock::now() < Window::At(window->end)) {
     const double resident = Fill(*st, form, *in, step);
     const Clock::time_point t0 = Clock::now();
     if (!stream->Write(step) || !stream->Read(&reply)) {
@@ -504,11 +300,15 @@ void RunStream(v1::KvKeep::Stub* stub, const Inputs* in, Form form,
     }
     const Clock::time_point t1 = Clock::now();
     Follow(reply, *st);
-    if (capture) {
+    // Reduced captures its cycle during the warm-up, so that the copies
+    // stay out of the store's window.
+    if (capture &&
+        (window->warmup_steps == 0 || steps < window->warmup_steps)) {
       out->replies.push_back(reply);
       if (out->replies.size() > kCapturedReplies) out->replies.pop_front();
     }
-    if (t1 >= window_start && t1 < window_end) {
+    if (++steps == window->warmup_steps) ++window->warm;
+    if (t1 >= Window::At(window->start) && t1 < Window::At(window->end)) {
       out->latencies_ms.push_back(
           std::chrono::duration<double, std::milli>(t1 - t0).count());
       out->request_bytes += static_cast<double>(step.ByteSizeLong());
@@ -524,37 +324,14 @@ void RunStream(v1::KvKeep::Stub* stub, const Inputs* in, Form form,
       out->evicted += static_cast<double>(evicted) / kLayers;
     }
   }
+  // A stream that broke off before its warm-up steps does not hold the
+  // window back (its error ends the phase).
+  if (steps < window->warmup_steps) ++window->warm;
   if (!broken) stream->WritesDone();
   out->status = FromGrpc(stream->Finish(), "Decode");
   if (out->status.ok() && broken) {
     out->status = absl::InternalError("Decode stream ended early");
   }
-}
-
-// The process's CPU time, minor page faults and allocations so far.
-struct Usage {
-  double cpu_s = 0;
-  double minor_faults = 0;
-  double allocations = 0;
-};
-
-Usage ProcessUsage() {
-  rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  return Usage{
-      ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
-          1e-6 * (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec),
-      static_cast<double>(ru.ru_minflt),
-      static_cast<double>(g_allocations.load(std::memory_order_relaxed))};
-}
-
-// CLOCK_MONOTONIC seconds, the clock `perf record -k CLOCK_MONOTONIC` stamps
-// samples with: the windows printed with --print_windows select a phase's
-// samples with `perf report --time START,END`.
-double MonotonicSeconds() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
 // What the steps of one server and form added up to, over one or more
@@ -589,8 +366,9 @@ struct PhaseStats {
   }
 };
 
-// Runs one stream per session: `warmup_s` untimed, then a window of
-// `seconds`; adds what completed in the window to `stats`.
+// Runs one stream per session: `warmup_s` untimed (and for reduced, until
+// every stream has made its warm-up steps), then a window of `seconds`;
+// adds what completed in the window to `stats`.
 absl::Status RunPhase(
     const std::vector<std::unique_ptr<v1::KvKeep::Stub>>& stubs,
     std::vector<StreamState>& states, const Inputs& in, Form form,
@@ -598,20 +376,32 @@ absl::Status RunPhase(
     PhaseStats& stats) {
   const size_t n = stubs.size();
   std::vector<StreamResult> results(n);
-  const Clock::time_point window_start =
+  // Reduced steps are short: every stream makes two eviction cycles of
+  // steps before the window opens, so that a new stream's first evictions
+  // (which size its reply buffers) fall outside it. Slower forms warm up by
+  // time only.
+  Window window;
+  window.warmup_steps = form == Form::kReduced ? 2 * (kSlack + 1) : 0;
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  const Clock::time_point warmup_end =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(
                          std::chrono::duration<double>(warmup_s));
+  for (size_t i = 0; i < n; ++i) {
+    threads.emplace_back(RunStream, stubs[i].get(), &in, form, &states[i],
+                         &window, capture && i < kCapturedSessions,
+                         &results[i]);
+  }
+  std::this_thread::sleep_until(warmup_end);
+  while (window.warm.load() < static_cast<int>(n)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const Clock::time_point window_start = Clock::now();
   const Clock::time_point window_end =
       window_start + std::chrono::duration_cast<Clock::duration>(
                          std::chrono::duration<double>(seconds));
-  std::vector<std::thread> threads;
-  threads.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    threads.emplace_back(RunStream, stubs[i].get(), &in, form, &states[i],
-                         window_start, window_end,
-                         capture && i < kCapturedSessions, &results[i]);
-  }
-  std::this_thread::sleep_until(window_start);
+  window.end = window_end.time_since_epoch().count();
+  window.start = window_start.time_since_epoch().count();
   const Usage u0 = ProcessUsage();
   const double mono0 = MonotonicSeconds();
   std::this_thread::sleep_until(window_end);
@@ -653,79 +443,6 @@ absl::Status RunPhase(
 double QueryStepFlops(double resident) {
   return kLayers * (2.0 * kQueryHeads * kHeadDim * resident +
                     7.0 * kQueryHeads * resident);
-}
-
-double ThreadCpuSeconds() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-struct MatmulRate {
-  double gflop_per_cpu_s = 0;  // one thread, per second of its CPU time
-  double gflop_per_s = 0;      // all threads together, per wall second
-};
-
-// The plain product q [32 x 128] x K^T [128 x resident] in float on
-// `threads` threads, each with its own q and K (2 * 32 * 128 * resident
-// flops per product). Blocked by 64 keys (32 KiB of K) so that a block
-// stays in L1 while the 32 query rows pass over it; the dot products are
-// `omp simd` reductions, as the kernels vectorise theirs.
-MatmulRate Matmul(int64_t resident, int threads, double seconds) {
-  constexpr int64_t kBlock = 64;
-  std::atomic<int64_t> products{0};
-  std::atomic<double> thread0_cpu_s{0};
-  std::atomic<int64_t> thread0_products{0};
-  const Clock::time_point end =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                         std::chrono::duration<double>(seconds));
-  auto worker = [&](int index) {
-    std::mt19937 rng(index + 1);
-    std::normal_distribution<float> normal;
-    std::vector<float> q(kQueryHeads * kHeadDim);
-    std::vector<float> k(resident * kHeadDim);
-    std::vector<float> out(kQueryHeads * resident);
-    for (float& x : q) x = normal(rng);
-    for (float& x : k) x = normal(rng);
-    const double cpu0 = ThreadCpuSeconds();
-    int64_t done = 0;
-    while (Clock::now() < end) {
-      for (int64_t j0 = 0; j0 < resident; j0 += kBlock) {
-        const int64_t j1 = std::min(resident, j0 + kBlock);
-        for (int32_t h = 0; h < kQueryHeads; ++h) {
-          const float* qh = q.data() + h * kHeadDim;
-          float* out_h = out.data() + h * resident;
-          for (int64_t j = j0; j < j1; ++j) {
-            const float* kj = k.data() + j * kHeadDim;
-            float acc = 0;
-#pragma omp simd reduction(+ : acc)
-            for (int32_t d = 0; d < kHeadDim; ++d) acc += qh[d] * kj[d];
-            out_h[j] = acc;
-          }
-        }
-      }
-      ++done;
-    }
-    // Keeps the products observable so the loop is not optimised away.
-    volatile float sink = out[done % out.size()];
-    (void)sink;
-    products += done;
-    if (index == 0) {
-      thread0_cpu_s = ThreadCpuSeconds() - cpu0;
-      thread0_products = done;
-    }
-  };
-  std::vector<std::thread> pool;
-  const Clock::time_point start = Clock::now();
-  for (int t = 0; t < threads; ++t) pool.emplace_back(worker, t);
-  for (std::thread& t : pool) t.join();
-  const double elapsed =
-      std::chrono::duration<double>(Clock::now() - start).count();
-  const double flops = 2.0 * kQueryHeads * kHeadDim * resident;
-  return MatmulRate{
-      flops * static_cast<double>(thread0_products.load()) /
-          thread0_cpu_s.load() / 1e9,
-      flops * static_cast<double>(products.load()) / elapsed / 1e9};
 }
 
 struct Row {
@@ -772,45 +489,10 @@ absl::Status RunConfiguration(const Options& opt, const RunConfig& c,
     noop_stubs.push_back(v1::KvKeep::NewStub(NewChannel(noop_address)));
   }
 
-  // Create and prefill every session, a few at a time.
-  const Clock::time_point prefill_start = Clock::now();
-  std::vector<StreamState> states(c.sessions);
-  std::vector<absl::Status> prefill_status(c.sessions);
-  std::atomic<int> next{0};
-  std::vector<std::thread> prefillers;
-  for (int t = 0; t < opt.prefill_threads; ++t) {
-    prefillers.emplace_back([&] {
-      for (int i = next++; i < c.sessions; i = next++) {
-        absl::StatusOr<StreamState> st =
-            CreateAndPrefill(*store_stubs[i], in, PrefillTokens(c.budget, i));
-        if (st.ok()) {
-          states[i] = *std::move(st);
-        } else {
-          prefill_status[i] = st.status();
-        }
-      }
-    });
-  }
-  for (std::thread& t : prefillers) t.join();
-  for (const absl::Status& s : prefill_status) {
-    if (!s.ok()) return s;
-  }
-  const double prefill_s =
-      std::chrono::duration<double>(Clock::now() - prefill_start).count();
-  const LayoutStats layout_stats = (*store_server)->store().Layouts().front();
-  std::printf(
-      "# %d session(s), budget %lld: prefilled %lld..%lld tokens x %d "
-      "layers each (staggered) through AppendPrefill in %.1f s; pool "
-      "%lld/%lld pages (%.2f GiB used)\n",
-      c.sessions, static_cast<long long>(c.budget),
-      static_cast<long long>(PrefillTokens(
-          c.budget, std::min(c.sessions - 1, static_cast<int>(kSlack)))),
-      static_cast<long long>(c.budget), kLayers, prefill_s,
-      static_cast<long long>(layout_stats.pool.used_pages),
-      static_cast<long long>(layout_stats.pool.capacity_pages),
-      layout_stats.pool.used_pages * layout_stats.pool.page_bytes /
-          1073741824.0);
-  std::fflush(stdout);
+  absl::StatusOr<std::vector<StreamState>> prefilled =
+      PrefillAll(opt, c, in, store_stubs, (*store_server)->store());
+  if (!prefilled.ok()) return prefilled.status();
+  std::vector<StreamState>& states = *prefilled;
 
   std::vector<v1::DecodeStepResult> fallback_replies;
   for (Form form : opt.forms) {
@@ -866,6 +548,9 @@ absl::Status RunConfiguration(const Options& opt, const RunConfig& c,
     rows.push_back(Row{c, form, std::move(real), std::move(idle)});
   }
 
+  if (absl::Status s = MeasureReadKv(*store_stubs[0], states[0]); !s.ok()) {
+    return s;
+  }
   store_stubs.clear();
   noop_stubs.clear();
   (*store_server)->Stop(absl::ZeroDuration());
@@ -934,6 +619,85 @@ absl::StatusOr<Options> ParseArgs(int argc, char** argv) {
   return opt;
 }
 
+// The store / no-op ratios of every row, and issue 21's targets.
+void PrintRatios(const std::vector<Row>& rows) {
+  std::printf(
+      "\nstore / no-op: steps/s (below 1: the store is slower), cost = "
+      "no-op steps/s / store steps/s, p50, p99 and cpu ms/step (above 1: "
+      "the store is slower)\n");
+  std::printf("%8s %6s %-8s %9s %7s %7s %7s %7s\n", "sessions", "budget",
+              "form", "steps/s", "cost", "p50", "p99", "cpu");
+  for (const Row& r : rows) {
+    std::printf("%8d %6lld %-8s %9.2f %7.2f %7.2f %7.2f %7.2f\n",
+                r.config.sessions, static_cast<long long>(r.config.budget),
+                FormName(r.form), r.store.steps_per_s() / r.noop.steps_per_s(),
+                r.noop.steps_per_s() / r.store.steps_per_s(),
+                r.store.Percentile(0.5) / r.noop.Percentile(0.5),
+                r.store.Percentile(0.99) / r.noop.Percentile(0.99),
+                r.store.cpu_ms_per_step() / r.noop.cpu_ms_per_step());
+  }
+  for (const Row& r : rows) {
+    if (r.config.sessions != 16 || r.form != Form::kReduced) continue;
+    const double cost = r.noop.steps_per_s() / r.store.steps_per_s();
+    const double cpu = r.store.cpu_ms_per_step() / r.noop.cpu_ms_per_step();
+    const double p99 = r.store.Percentile(0.99) / r.noop.Percentile(0.99);
+    const auto met = [](bool ok) { return ok ? "met" : "NOT met"; };
+    std::printf(
+        "target (issue 21): reduced at 16 sessions: wall per step %.2fx the "
+        "no-op's (<= 1.2: %s), CPU per step %.2fx (<= 1.2: %s), p99 %.2fx "
+        "(<= 1.5: %s); page faults per step %.1f store, %.1f no-op (0 in "
+        "steady state: %s); allocations per step %.1f store, %.1f no-op\n",
+        cost, met(cost <= 1.2), cpu, met(cpu <= 1.2), p99, met(p99 <= 1.5),
+        r.store.faults_per_step(), r.noop.faults_per_step(),
+        met(r.store.faults_per_step() < 0.5), r.store.allocations_per_step(),
+        r.noop.allocations_per_step());
+  }
+}
+
+// Query scoring's GFLOP/s next to plain matrix products of the same shape.
+void PrintQueryScoring(const std::vector<Row>& rows) {
+  bool header = false;
+  const int hw =
+      static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (const Row& r : rows) {
+    if (r.form != Form::kQueries) continue;
+    if (!header) {
+      std::printf(
+          "\nquery scoring: flops per step = 32 layers x (2*32*128 + 7*32) x "
+          "resident; e2e = through gRPC, per wall second and per second of "
+          "the process's CPU (clients + server); mm = float q[32x128] x "
+          "K^T[128 x resident] (2*32*128*resident flops), timed after the "
+          "runs per thread-CPU second on 1 thread: omp = omp-simd dot "
+          "products, blas = OpenBLAS cblas_sgemm; mm GF/s = omp on %d "
+          "threads per wall second; e2e/blas: target (issue 21) >= 0.8\n",
+          hw);
+      std::printf("%8s %8s %12s %13s %13s %13s %13s %8s %9s\n", "sessions",
+                  "resident", "e2e GFLOP/s", "e2e GF/cpu-s", "omp GF/cpu-s",
+                  "blas GF/cpu-s", absl::StrCat("mm GF/s ", hw, "thr").c_str(),
+                  "e2e/omp", "e2e/blas");
+      header = true;
+    }
+    const double step_flops = QueryStepFlops(r.store.mean_resident());
+    const double e2e = r.store.steps_per_s() * step_flops / 1e9;
+    const double e2e_cpu = step_flops / (r.store.cpu_ms_per_step() / 1e3) / 1e9;
+    const int64_t resident =
+        static_cast<int64_t>(std::lround(r.store.mean_resident()));
+    using bench::Matmul;
+    using bench::MatmulKernel;
+    const bench::MatmulRate omp =
+        Matmul(MatmulKernel::kOmpSimd, kQueryHeads, kHeadDim, resident, 1, 1.0);
+    const bench::MatmulRate blas = Matmul(MatmulKernel::kOpenBlas, kQueryHeads,
+                                          kHeadDim, resident, 1, 1.0);
+    const bench::MatmulRate all = Matmul(MatmulKernel::kOmpSimd, kQueryHeads,
+                                         kHeadDim, resident, hw, 1.0);
+    std::printf("%8d %8lld %12.2f %13.2f %13.2f %13.2f %13.2f %8.2f %9.2f\n",
+                r.config.sessions, static_cast<long long>(resident), e2e,
+                e2e_cpu, omp.gflop_per_cpu_s, blas.gflop_per_cpu_s,
+                all.gflop_per_s, e2e_cpu / omp.gflop_per_cpu_s,
+                e2e_cpu / blas.gflop_per_cpu_s);
+  }
+}
+
 int Main(int argc, char** argv) {
   absl::StatusOr<Options> opt = ParseArgs(argc, argv);
   if (!opt.ok()) {
@@ -994,69 +758,8 @@ int Main(int argc, char** argv) {
     }
   }
 
-  std::printf(
-      "\nstore / no-op: steps/s (below 1: the store is slower), cost = "
-      "no-op steps/s / store steps/s, p50, p99 and cpu ms/step (above 1: "
-      "the store is slower)\n");
-  std::printf("%8s %6s %-8s %9s %7s %7s %7s %7s\n", "sessions", "budget",
-              "form", "steps/s", "cost", "p50", "p99", "cpu");
-  for (const Row& r : rows) {
-    std::printf("%8d %6lld %-8s %9.2f %7.2f %7.2f %7.2f %7.2f\n",
-                r.config.sessions, static_cast<long long>(r.config.budget),
-                FormName(r.form), r.store.steps_per_s() / r.noop.steps_per_s(),
-                r.noop.steps_per_s() / r.store.steps_per_s(),
-                r.store.Percentile(0.5) / r.noop.Percentile(0.5),
-                r.store.Percentile(0.99) / r.noop.Percentile(0.99),
-                r.store.cpu_ms_per_step() / r.noop.cpu_ms_per_step());
-  }
-  for (const Row& r : rows) {
-    if (r.config.sessions != 16 || r.form != Form::kReduced) continue;
-    const double cost = r.noop.steps_per_s() / r.store.steps_per_s();
-    const double cpu = r.store.cpu_ms_per_step() / r.noop.cpu_ms_per_step();
-    const double p99 = r.store.Percentile(0.99) / r.noop.Percentile(0.99);
-    const auto met = [](bool ok) { return ok ? "met" : "NOT met"; };
-    std::printf(
-        "target (issue 21): reduced at 16 sessions: wall per step %.2fx the "
-        "no-op's (<= 1.2: %s), CPU per step %.2fx (<= 1.2: %s), p99 %.2fx "
-        "(<= 1.5: %s); page faults per step %.1f store, %.1f no-op (0 in "
-        "steady state: %s); allocations per step %.1f store, %.1f no-op\n",
-        cost, met(cost <= 1.2), cpu, met(cpu <= 1.2), p99, met(p99 <= 1.5),
-        r.store.faults_per_step(), r.noop.faults_per_step(),
-        met(r.store.faults_per_step() < 0.5), r.store.allocations_per_step(),
-        r.noop.allocations_per_step());
-  }
-
-  bool header = false;
-  const int hw =
-      static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  for (const Row& r : rows) {
-    if (r.form != Form::kQueries) continue;
-    if (!header) {
-      std::printf(
-          "\nquery scoring: flops per step = 32 layers x (2*32*128 + 7*32) x "
-          "resident; e2e = through gRPC, per wall second and per second of "
-          "the process's CPU (clients + server); matmul = float q[32x128] x "
-          "K^T[128 x resident] (2*32*128*resident flops), timed after the "
-          "runs, per thread-CPU second (1 thread) and per wall second (%d "
-          "threads)\n",
-          hw);
-      std::printf("%8s %8s %12s %13s %13s %13s %8s\n", "sessions", "resident",
-                  "e2e GFLOP/s", "e2e GF/cpu-s", "mm GF/cpu-s",
-                  absl::StrCat("mm GF/s ", hw, "thr").c_str(), "e2e/mm");
-      header = true;
-    }
-    const double step_flops = QueryStepFlops(r.store.mean_resident());
-    const double e2e = r.store.steps_per_s() * step_flops / 1e9;
-    const double e2e_cpu = step_flops / (r.store.cpu_ms_per_step() / 1e3) / 1e9;
-    const int64_t resident =
-        static_cast<int64_t>(std::lround(r.store.mean_resident()));
-    const MatmulRate one = Matmul(resident, 1, 1.0);
-    const MatmulRate all = Matmul(resident, hw, 1.0);
-    std::printf("%8d %8lld %12.2f %13.2f %13.2f %13.2f %8.2f\n",
-                r.config.sessions, static_cast<long long>(resident), e2e,
-                e2e_cpu, one.gflop_per_cpu_s, all.gflop_per_s,
-                e2e_cpu / one.gflop_per_cpu_s);
-  }
+  PrintRatios(rows);
+  PrintQueryScoring(rows);
   return 0;
 }
 

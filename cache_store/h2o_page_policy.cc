@@ -15,6 +15,21 @@
 namespace kvkeep {
 namespace {
 
+// Per-thread buffers for one selection, so that a steady-state eviction
+// allocates nothing (a policy is const and shared by a session's layers).
+struct PageScratch {
+  std::vector<float> mean;
+  std::vector<int64_t> oldest;
+  std::vector<uint8_t> eligible;
+  std::vector<int32_t> pages;
+  std::vector<uint8_t> taken;
+};
+
+PageScratch& ThreadPageScratch() {
+  thread_local PageScratch scratch;
+  return scratch;
+}
+
 class H2OPagePolicy final : public EvictionPolicy {
  public:
   explicit H2OPagePolicy(CommonParams common) : EvictionPolicy(common) {}
@@ -30,13 +45,18 @@ class H2OPagePolicy final : public EvictionPolicy {
                      std::vector<int32_t>* victims) const override {
     const int32_t p = t.page_tokens;
     const int64_t full_pages = FullPages(t.size(), p);
-    std::vector<float> mean(full_pages);
-    std::vector<int64_t> oldest(full_pages);
-    std::vector<uint8_t> eligible(full_pages);
+    PageScratch& buffers = ThreadPageScratch();
+    std::vector<float>& mean = buffers.mean;
+    std::vector<int64_t>& oldest = buffers.oldest;
+    std::vector<uint8_t>& eligible = buffers.eligible;
+    mean.resize(full_pages);
+    oldest.resize(full_pages);
+    eligible.resize(full_pages);
     PageScores(t.score.data(), t.arrival.data(), t.size(), p,
                ProtectedTokens{common().sinks, common().recent, t.appended},
                mean.data(), oldest.data(), eligible.data());
-    std::vector<int32_t> pages;
+    std::vector<int32_t>& pages = buffers.pages;
+    pages.clear();
     SelectLowest(
         full_pages, (count + p - 1) / p, [&](int64_t i) { return mean[i]; },
         [&](int64_t i) { return oldest[i]; },
@@ -50,7 +70,8 @@ class H2OPagePolicy final : public EvictionPolicy {
     const int64_t chosen = static_cast<int64_t>(victims->size() - before);
     if (chosen >= count) return;
     // Not enough whole pages: finish token by token, outside chosen pages.
-    std::vector<uint8_t> taken(t.size(), 0);
+    std::vector<uint8_t>& taken = buffers.taken;
+    taken.assign(t.size(), 0);
     for (size_t i = before; i < victims->size(); ++i) taken[(*victims)[i]] = 1;
     SelectLowest(
         t.size(), count - chosen, [&](int64_t i) { return t.score[i]; },
