@@ -229,8 +229,11 @@ absl::StatusOr<SessionId> CacheStore::ForkSession(SessionId parent,
       ForkUnderLock(parent, admitted->id, std::move(policy), std::move(budgets),
                     admitted->quota, &prefix);
   if (!child.ok()) return child.status();
-  return Enroll(*std::move(child), info.tenant, policy_spec,
-                spec.idempotency_key, *idle_timeout, std::move(prefix));
+  absl::StatusOr<SessionId> enrolled =
+      Enroll(*std::move(child), info.tenant, policy_spec, spec.idempotency_key,
+             *idle_timeout, std::move(prefix));
+  if (enrolled.ok()) forks_.fetch_add(1, std::memory_order_relaxed);
+  return enrolled;
 }
 
 absl::StatusOr<CacheStore::Admission> CacheStore::AdmitNew(

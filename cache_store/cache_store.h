@@ -312,6 +312,9 @@ class CacheStore {
   // Where the session is now; does not renew or restore it. NOT_FOUND.
   absl::StatusOr<Tier> TierOf(SessionId id);
 
+  // Sessions ForkSession made, since the start.
+  int64_t forks() const { return forks_.load(std::memory_order_relaxed); }
+
   std::vector<SessionId> ListSessions() const;  // ascending ids
   std::vector<SessionInfo> Sessions() const;    // ascending ids
   std::vector<LayoutStats> Layouts() const;
@@ -517,6 +520,7 @@ class CacheStore {
   const StoreOptions options_;
   const Clock* const clock_;
   std::vector<Pool> pools_;  // fixed after Create
+  std::atomic<int64_t> forks_{0};
   mutable absl::Mutex mu_;
   EntryMap sessions_ ABSL_GUARDED_BY(mu_);
   ExpiredSessions expired_ ABSL_GUARDED_BY(mu_);

@@ -193,6 +193,11 @@ bool CacheStore::MakeRoom(const Entry& self) {
 }
 
 int64_t CacheStore::DemoteIdle() {
+  if (std::none_of(pools_.begin(), pools_.end(), [](const Pool& p) {
+        return p.tiers.idle_after > absl::ZeroDuration();
+      })) {
+    return 0;  // nothing to scan for
+  }
   std::vector<std::pair<std::shared_ptr<Entry>, const Pool*>> idle;
   {
     absl::MutexLock lock(&mu_);
