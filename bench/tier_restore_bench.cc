@@ -85,10 +85,9 @@ void BM_TierRestore(benchmark::State& state) {
   }
   const TierStats tiers = store->Layouts()[0].tiers;
   const double n = static_cast<double>(state.iterations());
-  const double mib =
-      static_cast<double>(tokens * layout.num_layers * 2 *
-                          layout.page_layout().token_bytes()) /
-      (1 << 20);
+  const double mib = static_cast<double>(tokens * layout.num_layers * 2 *
+                                         layout.page_layout().token_bytes()) /
+                     (1 << 20);
   state.counters["restore_ms"] = restore_ms / n;
   state.counters["demote_ms"] = demote_ms / n;
   state.counters["pool_read_ms"] = pool_read_ms;

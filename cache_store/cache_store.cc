@@ -38,6 +38,7 @@ absl::StatusOr<std::unique_ptr<CacheStore>> CacheStore::Create(
   if (absl::Status s = ValidateLeaseOptions(options.lease); !s.ok()) return s;
   std::unique_ptr<CacheStore> store(new CacheStore(options));
   absl::flat_hash_set<std::string> names;
+  absl::flat_hash_set<std::string> disk_dirs;
   for (const PoolSpec& spec : options.pools) {
     if (absl::Status s = ValidateLayout(spec.layout); !s.ok()) return s;
     if (!names.insert(spec.layout.name).second) {
@@ -51,6 +52,14 @@ absl::StatusOr<std::unique_ptr<CacheStore>> CacheStore::Create(
       return absl::Status(pool.status().code(),
                           absl::StrCat("layout '", spec.layout.name,
                                        "': ", pool.status().message()));
+    }
+    // Each layout clears its directory at start: sharing one would delete
+    // another layout's sessions.
+    if (!spec.tiers.disk_dir.empty() &&
+        !disk_dirs.insert(spec.tiers.disk_dir).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layout '", spec.layout.name, "': disk tier directory ",
+                       spec.tiers.disk_dir, " is another layout's too"));
     }
     if (absl::Status s = PrepareTiers(spec.tiers, spec.layout.name); !s.ok()) {
       return s;

@@ -450,6 +450,20 @@ TEST_F(TiersTest, SessionsSharingPagesStayInThePool) {
   KV_ASSERT_OK(store_->CloseSession(child));
   KV_ASSERT_OK(store_->Demote(parent));  // nothing shared any more
   EXPECT_EQ(Where(parent), Tier::kDisk);
+  // Forking or publishing a moved session brings it back first.
+  KV_ASSIGN_OR_FAIL(const SessionId again,
+                    store_->ForkSession(parent, ForkSpec{}));
+  EXPECT_EQ(Where(parent), Tier::kPool);
+  KV_ASSERT_OK(store_->CloseSession(again));
+  KV_ASSERT_OK(store_->Demote(parent));
+  PrefixSpec prefix;
+  prefix.name = "p";
+  prefix.tenant = "t";
+  KV_ASSERT_OK(store_->PublishPrefix(parent, prefix).status());
+  EXPECT_EQ(Where(parent), Tier::kPool);
+  KV_ASSIGN_OR_FAIL(const PrefixInfo info,
+                    store_->UnpublishPrefix("t", "p", false));
+  EXPECT_EQ(info.tokens, 8);
 }
 
 TEST_F(TiersTest, TheHostTierTakesWhatFitsAndTheDiskTheRest) {
@@ -470,6 +484,45 @@ TEST_F(TiersTest, TheHostTierTakesWhatFitsAndTheDiskTheRest) {
   EXPECT_EQ(Tiers().sessions[static_cast<int>(Tier::kHost)], 0);
 }
 
+// The device pool -> host tier path: a session in a GPU's pool moves to
+// host memory and comes back byte for byte. Needs a CUDA device (the GPU
+// device check runs it, and every test above, with KVKEEP_TEST_DEVICE).
+TEST(TiersDeviceTest, ADevicePoolSessionMovesToHostMemoryAndBack) {
+  if (CudaDeviceCount() == 0) {
+    GTEST_SKIP() << "no CUDA device here: the device pool -> host tier path "
+                    "runs in the GPU device check";
+  }
+  StoreOptions options;
+  options.device = Device{Device::Kind::kCuda, 0};
+  PoolSpec pool{TierLayout(), 64};
+  pool.tiers.host_bytes = 1 << 20;
+  options.pools.push_back(pool);
+  KV_ASSIGN_OR_FAIL(std::unique_ptr<CacheStore> store,
+                    CacheStore::Create(options));
+  SessionSpec spec;
+  spec.layout = "tiered";
+  spec.policy = PolicySpec{"full", {}};
+  spec.budget.tokens = 32;
+  KV_ASSIGN_OR_FAIL(const SessionId id, store->CreateSession(spec));
+  std::vector<int64_t> positions = {0, 1, 2, 3, 4};
+  std::vector<float> kv(5 * 4);
+  for (size_t i = 0; i < kv.size(); ++i) kv[i] = 0.25f * static_cast<float>(i);
+  const LayerKv layer{std::as_bytes(std::span(kv)),
+                      std::as_bytes(std::span(kv))};
+  const std::vector<LayerKv> layers = {layer, layer};
+  KV_ASSERT_OK(store->Append(id, AppendRequest{positions, layers}).status());
+  KV_ASSIGN_OR_FAIL(const LayerKvCopy before, store->ReadLayer(id, 1));
+  KV_ASSERT_OK(store->Demote(id));
+  EXPECT_EQ(store->Layouts()[0].pool.used_pages, 0);
+  KV_ASSIGN_OR_FAIL(const Tier tier, store->TierOf(id));
+  EXPECT_EQ(tier, Tier::kHost);
+  KV_ASSIGN_OR_FAIL(const LayerKvCopy after, store->ReadLayer(id, 1));
+  EXPECT_TRUE(after.keys == before.keys);
+  EXPECT_TRUE(after.values == before.values);
+  EXPECT_EQ(after.positions, before.positions);
+  EXPECT_EQ(after.version, before.version);
+}
+
 TEST(TierOptionsTest, BadOptionsAreRefusedNamingTheLayout) {
   TierOptions idle_only;
   idle_only.idle_after = absl::Seconds(1);
@@ -479,6 +532,17 @@ TEST(TierOptionsTest, BadOptionsAreRefusedNamingTheLayout) {
   negative.host_bytes = -1;
   ExpectError(PrepareTiers(negative, "big"), absl::StatusCode::kInvalidArgument,
               {"negative"});
+  // Each layout clears its directory at start: two may not share one.
+  StoreOptions options;
+  PoolSpec a{TierLayout(), 8};
+  a.tiers.disk_dir = FreshDir("shared");
+  PoolSpec b = a;
+  b.layout.name = "other";
+  options.pools = {a, b};
+  ExpectError(CacheStore::Create(options).status(),
+              absl::StatusCode::kInvalidArgument,
+              {"layout 'other'", "another layout's"});
+  std::filesystem::remove_all(a.tiers.disk_dir);
 }
 
 }  // namespace

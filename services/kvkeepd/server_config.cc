@@ -1,7 +1,6 @@
 #include "services/kvkeepd/server_config.h"
 
 #include <cmath>
-
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -76,7 +75,8 @@ absl::Status ParseTiers(const Json& j, const std::string& layout_where,
                         TierOptions& tiers) {
   const std::string where = layout_where + ".tiers";
   KVKEEP_RETURN_IF_ERROR(CheckKeys(
-      j, where, {"host_bytes", "disk_dir", "idle_seconds", "demote_when_full"}));
+      j, where,
+      {"host_bytes", "disk_dir", "idle_seconds", "demote_when_full"}));
   double idle_seconds = 0;
   KVKEEP_RETURN_IF_ERROR(Read(j, "host_bytes", where, tiers.host_bytes));
   KVKEEP_RETURN_IF_ERROR(Read(j, "disk_dir", where, tiers.disk_dir));
@@ -97,8 +97,9 @@ absl::Status ParseTiers(const Json& j, const std::string& layout_where,
         absl::StrCat("config: ", where, ".host_bytes must not be negative"));
   }
   if (!tiers.enabled()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config: ", where, " needs host_bytes or disk_dir (a tier to move to)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: ", where,
+                     " needs host_bytes or disk_dir (a tier to move to)"));
   }
   tiers.idle_after = absl::Seconds(idle_seconds);
   return absl::OkStatus();

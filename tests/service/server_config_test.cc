@@ -88,10 +88,9 @@ TEST(ServerConfigTest, BadTiersAreRefusedNamingTheKey) {
            {R"({"disk_dir": "/d", "colour": 1})", "unknown key 'colour'"},
            {R"({"disk_dir": 3})", "wrong type"}}) {
     ServerConfig c = DefaultConfig();
-    const absl::Status s = Apply(
-        absl::StrCat(R"({"layouts": [{)", layout, R"(, "tiers": )", tiers,
-                     "}]}"),
-        c);
+    const absl::Status s = Apply(absl::StrCat(R"({"layouts": [{)", layout,
+                                              R"(, "tiers": )", tiers, "}]}"),
+                                 c);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << tiers;
     EXPECT_THAT(s.message(), ::testing::HasSubstr(says)) << tiers;
     EXPECT_THAT(s.message(), ::testing::HasSubstr("layouts[0].tiers")) << tiers;

@@ -96,7 +96,8 @@ TEST_F(TiersServiceTest, ACallOnAMovedSessionRestoresItTransparently) {
   ASSERT_TRUE(before.ok()) << before.status();
   const std::vector<SessionId> ids = server_->store().ListSessions();
   ASSERT_EQ(ids.size(), 1u);
-  ASSERT_TRUE(server_->store().Demote(ids[0]).ok());
+  const absl::Status demoted = server_->store().Demote(ids[0]);
+  ASSERT_TRUE(demoted.ok()) << demoted;
 
   std::vector<Sample> scrape = Scrape();
   EXPECT_THAT(Tier(scrape, "kvkeep_tier_sessions", "disk"), Optional(1.0));
@@ -136,8 +137,7 @@ TEST_F(TiersServiceTest, PrefixAndForkMetricsFollowTheirLives) {
   Append(source, 0, 8);
   std::vector<Sample> scrape = Scrape();
   EXPECT_THAT(Value(scrape, "kvkeep_prefixes", m), Optional(0.0));
-  EXPECT_THAT(Value(scrape, "kvkeep_sessions_forked_total", {}),
-              Optional(0.0));
+  EXPECT_THAT(Value(scrape, "kvkeep_sessions_forked_total", {}), Optional(0.0));
 
   ASSERT_TRUE(source.Publish("system").ok());
   scrape = Scrape();
@@ -147,6 +147,7 @@ TEST_F(TiersServiceTest, PrefixAndForkMetricsFollowTheirLives) {
 
   v1::CreateSessionRequest from_prefix;
   from_prefix.set_prefix("system");
+  from_prefix.mutable_budget()->set_tokens(16);
   absl::StatusOr<client::Session> child = client_->CreateSession(from_prefix);
   ASSERT_TRUE(child.ok()) << child.status();
   scrape = Scrape();
@@ -158,8 +159,7 @@ TEST_F(TiersServiceTest, PrefixAndForkMetricsFollowTheirLives) {
   absl::StatusOr<client::Session> fork = child->Fork();
   ASSERT_TRUE(fork.ok()) << fork.status();
   scrape = Scrape();
-  EXPECT_THAT(Value(scrape, "kvkeep_sessions_forked_total", {}),
-              Optional(1.0));
+  EXPECT_THAT(Value(scrape, "kvkeep_sessions_forked_total", {}), Optional(1.0));
   EXPECT_THAT(Value(scrape, "kvkeep_prefix_holders", m), Optional(2.0));
 
   ASSERT_TRUE(client_->UnpublishPrefix("system").ok());

@@ -277,13 +277,14 @@ TEST(TransferTest, AChildOfAPrefixKeepsItsProtectedTokensWhenMoved) {
   ASSERT_TRUE(parent->Publish("tools").ok());
   v1::CreateSessionRequest from_prefix;
   from_prefix.set_prefix("tools");
+  from_prefix.set_policy("h2o");
+  from_prefix.mutable_budget()->set_tokens(12);
   absl::StatusOr<client::Session> child =
       source.client().CreateSession(from_prefix);
   ASSERT_TRUE(child.ok()) << child.status();
   v1::TransferSessionResponse response;
-  const grpc::Status status =
-      Transfer(source, child->id(), target.address(), &response, "",
-               absl::Seconds(60), "tcp");
+  const grpc::Status status = Transfer(source, child->id(), target.address(),
+                                       &response, "", absl::Seconds(60), "tcp");
   ASSERT_TRUE(status.ok()) << status.error_message();
   const SessionId id = *ParseSessionName(child->id());
   absl::StatusOr<SessionSnapshot> there =
