@@ -47,7 +47,7 @@ void BM_TierRestore(benchmark::State& state) {
   const std::string dir = absl::StrCat(base != nullptr ? base : "/tmp",
                                        "/kvkeep-tier-bench-", ::getpid());
   StoreOptions options;
-  PoolSpec pool{layout, tokens / layout.page_tokens + 64};
+  PoolSpec pool{layout, layout.num_layers * (tokens / layout.page_tokens) + 64};
   if (disk) {
     pool.tiers.disk_dir = dir;
   } else {
