@@ -38,6 +38,7 @@ absl::StatusOr<std::unique_ptr<CacheStore>> CacheStore::Create(
   if (absl::Status s = ValidateLeaseOptions(options.lease); !s.ok()) return s;
   std::unique_ptr<CacheStore> store(new CacheStore(options));
   absl::flat_hash_set<std::string> names;
+  absl::flat_hash_set<std::string> disk_dirs;
   for (const PoolSpec& spec : options.pools) {
     if (absl::Status s = ValidateLayout(spec.layout); !s.ok()) return s;
     if (!names.insert(spec.layout.name).second) {
@@ -52,7 +53,19 @@ absl::StatusOr<std::unique_ptr<CacheStore>> CacheStore::Create(
                           absl::StrCat("layout '", spec.layout.name,
                                        "': ", pool.status().message()));
     }
-    store->pools_.push_back(Pool{spec.layout, *std::move(pool)});
+    // Each layout clears its directory at start: sharing one would delete
+    // another layout's sessions.
+    if (!spec.tiers.disk_dir.empty() &&
+        !disk_dirs.insert(spec.tiers.disk_dir).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layout '", spec.layout.name, "': disk tier directory ",
+                       spec.tiers.disk_dir, " is another layout's too"));
+    }
+    if (absl::Status s = PrepareTiers(spec.tiers, spec.layout.name); !s.ok()) {
+      return s;
+    }
+    store->pools_.push_back(Pool{spec.layout, *std::move(pool), spec.tiers,
+                                 std::make_unique<TierCounters>()});
   }
   return store;
 }
@@ -122,17 +135,14 @@ void CacheStore::Register(std::unique_ptr<Session> session,
   const SessionId id = session->id();
   ++tenants_[tenant].sessions;
   const absl::Time now = clock_->Now();
-  auto entry = std::make_shared<Entry>(
-      SessionInfo{id, tenant, session->layout().name,
-                  std::string(session->policy().name())},
-      std::move(policy), idempotency_key, idle_timeout, now);
+  SessionInfo info{id, tenant, session->layout().name,
+                   std::string(session->policy().name())};
+  auto entry = std::make_shared<Entry>(std::move(info), std::move(policy),
+                                       idempotency_key, idle_timeout, now,
+                                       std::move(session), std::move(prefix));
+  entry->quota = tenants_[tenant].quota;
   if (idle_timeout != absl::ZeroDuration()) {
     next_expiry_ = std::min(next_expiry_, now + idle_timeout);
-  }
-  {
-    absl::MutexLock entry_lock(&entry->mu);
-    entry->session = std::move(session);
-    entry->prefix = std::move(prefix);
   }
   if (options_.observer != nullptr) {
     options_.observer->SessionOpened(entry->info);
@@ -228,8 +238,11 @@ absl::StatusOr<SessionId> CacheStore::ForkSession(SessionId parent,
       ForkUnderLock(parent, admitted->id, std::move(policy), std::move(budgets),
                     admitted->quota, &prefix);
   if (!child.ok()) return child.status();
-  return Enroll(*std::move(child), info.tenant, policy_spec,
-                spec.idempotency_key, *idle_timeout, std::move(prefix));
+  absl::StatusOr<SessionId> enrolled =
+      Enroll(*std::move(child), info.tenant, policy_spec, spec.idempotency_key,
+             *idle_timeout, std::move(prefix));
+  if (enrolled.ok()) forks_.fetch_add(1, std::memory_order_relaxed);
+  return enrolled;
 }
 
 absl::StatusOr<CacheStore::Admission> CacheStore::AdmitNew(
@@ -647,6 +660,7 @@ auto CacheStore::WithEntry(SessionId id, Fn fn)
   if (!entry.ok()) return entry.status();
   {
     absl::MutexLock lock(&(*entry)->mu);
+    if (absl::Status s = EnsureResident(**entry); !s.ok()) return s;
     if ((*entry)->session != nullptr) return fn(**entry, *(*entry)->session);
   }
   // Closed (or expired) between Find and the lock: the session is gone.
@@ -659,6 +673,24 @@ auto CacheStore::WithSession(SessionId id, Fn fn)
   return WithEntry(id, [&](const Entry&, Session& s) { return fn(s); });
 }
 
+namespace {
+const absl::Status& StatusOf(const absl::Status& s) { return s; }
+template <typename T>
+const absl::Status& StatusOf(const absl::StatusOr<T>& s) {
+  return s.status();
+}
+}  // namespace
+
+template <typename Fn>
+auto CacheStore::WithRoom(const Entry& self, Fn fn) -> decltype(fn()) {
+  auto result = fn();
+  // A refused call changed nothing, so it can simply run again.
+  while (absl::IsResourceExhausted(StatusOf(result)) && MakeRoom(self)) {
+    result = fn();
+  }
+  return result;
+}
+
 template <typename Fn>
 auto CacheStore::Work(SessionId id, StoreOperation op, Fn fn)
     -> decltype(fn(std::declval<Session&>())) {
@@ -668,10 +700,11 @@ auto CacheStore::Work(SessionId id, StoreOperation op, Fn fn)
           absl::StrCat(SessionLabel(entry.info.id), entry.Transferring(),
                        "; it takes no changes until the transfer is done")));
     }
-    if (options_.observer == nullptr) return fn(session);
+    auto run = [&] { return WithRoom(entry, [&] { return fn(session); }); };
+    if (options_.observer == nullptr) return run();
     const SessionWork before = session.work();
     const auto start = std::chrono::steady_clock::now();
-    auto result = fn(session);
+    auto result = run();
     if (!result.ok()) return result;
     const auto end = std::chrono::steady_clock::now();
     const SessionWork& after = session.work();
@@ -730,6 +763,7 @@ std::shared_ptr<CacheStore::Entry> CacheStore::Unregister(
 
 int64_t CacheStore::Free(Entry& entry) {
   absl::MutexLock lock(&entry.mu);  // waits for a call in flight
+  entry.moved.reset();              // a moved session's copy goes with it
   if (entry.session == nullptr) return 0;
   const int64_t pages = entry.session->stats().pages;
   entry.session.reset();
@@ -814,8 +848,15 @@ absl::StatusOr<SessionStats> CacheStore::GetStats(SessionId id,
   bool open = false;
   {
     absl::MutexLock lock(&(*entry)->mu);
-    open = (*entry)->session != nullptr;
-    if (open) stats = (*entry)->session->stats();
+    if (renew_lease) {
+      if (absl::Status s = EnsureResident(**entry); !s.ok()) return s;
+    }
+    open = (*entry)->session != nullptr || (*entry)->moved != nullptr;
+    if ((*entry)->session != nullptr) {
+      stats = (*entry)->session->stats();
+    } else if (open) {
+      stats = (*entry)->moved_stats;  // a look does not bring it back
+    }
   }
   if (!open) return NotFound(id);  // closed since Find
   stats.tenant = (*entry)->info.tenant;
@@ -873,13 +914,24 @@ std::vector<SessionId> CacheStore::ListSessions() const {
 std::vector<LayoutStats> CacheStore::Layouts() const {
   std::vector<LayoutStats> out;
   for (const Pool& p : pools_) {
-    out.push_back(LayoutStats{p.layout, p.pages->stats(), 0});
+    out.push_back(LayoutStats{p.layout, p.pages->stats(), 0,
+                              p.tier_counters->Snapshot()});
   }
-  absl::MutexLock lock(&mu_);
-  for (const auto& [id, entry] : sessions_) {
-    for (LayoutStats& s : out) {
-      if (s.layout.name == entry->info.layout) ++s.sessions;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, entry] : sessions_) {
+      for (LayoutStats& s : out) {
+        if (s.layout.name == entry->info.layout) ++s.sessions;
+      }
     }
+  }
+  for (LayoutStats& s : out) {
+    constexpr int kPool = static_cast<int>(Tier::kPool);
+    s.tiers.sessions[kPool] = s.sessions;
+    for (int t = kPool + 1; t < kTierCount; ++t) {
+      s.tiers.sessions[kPool] -= s.tiers.sessions[t];
+    }
+    s.tiers.bytes[kPool] = s.pool.used_pages * s.pool.page_bytes;
   }
   return out;
 }

@@ -37,12 +37,16 @@
 #include "cache_store/session_types.h"
 #include "cache_store/slot_spans.h"
 #include "cache_store/store_observer.h"
+#include "cache_store/tiers.h"
 
 namespace kvkeep {
 
 struct PoolSpec {
   ModelLayout layout;
   int64_t capacity_pages = 0;
+  // Where idle sessions, or the least recently used one when the pool is
+  // full, move to (tiers.h, docs/tiers.md); none by default.
+  TierOptions tiers;
 };
 
 struct StoreOptions {
@@ -89,6 +93,9 @@ struct LayoutStats {
   ModelLayout layout;
   PoolStats pool;
   int64_t sessions = 0;
+  // By tier (kPool: the sessions in the pool and its used bytes), and the
+  // moves between them.
+  TierStats tiers;
 };
 
 class CacheStore {
@@ -286,6 +293,28 @@ class CacheStore {
   std::vector<PrefixInfo> Prefixes(
       const std::optional<std::string>& tenant) const;
 
+  // Tiers (tiers.h, docs/tiers.md). A session out of the pool keeps its id,
+  // lease, tenant and prefix hold; the next call that needs its pages
+  // (everything but KeepAlive, TenantOf and a look that does not renew)
+  // moves it back first, making room as a full pool does.
+  //
+  // DemoteIdle moves down every session idle past its layout's idle_after
+  // (by the store's clock) that can move: not held by a stream, not being
+  // transferred, not sharing pages with a fork or prefix, not busy. Returns
+  // how many moved. kvkeepd's reaper thread calls it.
+  int64_t DemoteIdle();
+  // Moves one session down a tier now. NOT_FOUND; FAILED_PRECONDITION when
+  // its layout has no tiers, it shares pages, a stream holds it or it is
+  // already out of the pool; UNAVAILABLE while transferred;
+  // RESOURCE_EXHAUSTED when no tier has room; a disk error as
+  // TierCopy::OnDisk says. A refused move leaves the session where it was.
+  absl::Status Demote(SessionId id);
+  // Where the session is now; does not renew or restore it. NOT_FOUND.
+  absl::StatusOr<Tier> TierOf(SessionId id);
+
+  // Sessions ForkSession made, since the start.
+  int64_t forks() const { return forks_.load(std::memory_order_relaxed); }
+
   std::vector<SessionId> ListSessions() const;  // ascending ids
   std::vector<SessionInfo> Sessions() const;    // ascending ids
   std::vector<LayoutStats> Layouts() const;
@@ -297,13 +326,19 @@ class CacheStore {
   struct Prefix;
   class PrefixHold;
   struct Entry {
+    // Made with its session, before anyone else sees it: taking `mu` under
+    // the store's lock would order the two both ways (tiers take the
+    // store's lock under a session's).
     Entry(SessionInfo session_info, PolicySpec policy, std::string idempotency,
-          absl::Duration timeout, absl::Time now)
+          absl::Duration timeout, absl::Time now, std::unique_ptr<Session> made,
+          std::shared_ptr<PrefixHold> held)
         : info(std::move(session_info)),
           policy_spec(std::move(policy)),
           idempotency_key(std::move(idempotency)),
           idle_timeout(timeout),
-          last_call_ns(absl::ToUnixNanos(now)) {}
+          last_call_ns(absl::ToUnixNanos(now)),
+          session(std::move(made)),
+          prefix(std::move(held)) {}
     // Immutable: read without the lock.
     const SessionInfo info;
     const PolicySpec policy_spec;  // as created (name and parameters)
@@ -317,6 +352,14 @@ class CacheStore {
     absl::Time last_call() const { return absl::FromUnixNanos(last_call_ns); }
     absl::Mutex mu;
     std::unique_ptr<Session> session ABSL_GUARDED_BY(mu);
+    // Set by Register, before the entry is shared: the tenant's quota.
+    std::shared_ptr<PageQuota> quota;
+    // Out of the pool (session is null): the copy in a lower tier, and the
+    // session's stats when it left (pages 0).
+    std::unique_ptr<TierCopy> moved ABSL_GUARDED_BY(mu);
+    SessionStats moved_stats ABSL_GUARDED_BY(mu);
+    // DATA_LOSS once its tier copy was found damaged: every call gets it.
+    absl::Status lost ABSL_GUARDED_BY(mu);
     // The prefix the session (or the session it was forked from) started
     // from: kept until the session is freed, so the prefix outlives it.
     std::shared_ptr<PrefixHold> prefix ABSL_GUARDED_BY(mu);
@@ -339,6 +382,8 @@ class CacheStore {
   struct Pool {
     ModelLayout layout;
     std::unique_ptr<PagePool> pages;
+    TierOptions tiers;
+    std::unique_ptr<TierCounters> tier_counters;
   };
 
   struct Tenant {
@@ -445,6 +490,21 @@ class CacheStore {
   auto Work(SessionId id, StoreOperation op, Fn fn)
       -> decltype(fn(std::declval<Session&>()));
 
+  // Tiers (cache_store_tiers.cc). Moves the session down a tier.
+  absl::Status MoveDown(Entry& entry, const Pool& pool)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(entry.mu);
+  // Brings a moved session back into its pool (OK if it is there or
+  // closed); DATA_LOSS, for good, if its copy is damaged.
+  absl::Status EnsureResident(Entry& entry)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(entry.mu);
+  // For a call on `self` that found its pool full: moves the least recently
+  // used other session that can move down (of self's tenant when it is
+  // self's quota that is full). Whether one moved.
+  bool MakeRoom(const Entry& self) ABSL_LOCKS_EXCLUDED(mu_);
+  // fn(), again after MakeRoom while it answers RESOURCE_EXHAUSTED.
+  template <typename Fn>
+  auto WithRoom(const Entry& self, Fn fn) -> decltype(fn());
+
   // CreateSession from spec.prefix (prefixes.cc).
   absl::StatusOr<SessionId> CreateFromPrefix(const SessionSpec& spec);
   // The prefix `name` as `tenant` sees it: its own first, then public.
@@ -460,6 +520,7 @@ class CacheStore {
   const StoreOptions options_;
   const Clock* const clock_;
   std::vector<Pool> pools_;  // fixed after Create
+  std::atomic<int64_t> forks_{0};
   mutable absl::Mutex mu_;
   EntryMap sessions_ ABSL_GUARDED_BY(mu_);
   ExpiredSessions expired_ ABSL_GUARDED_BY(mu_);

@@ -139,6 +139,8 @@ absl::StatusOr<PrefixInfo> CacheStore::PublishPrefix(SessionId source,
 absl::Status CacheStore::ForkPrefix(Entry& source, Prefix& prefix,
                                     std::shared_ptr<PageQuota> quota) {
   absl::MutexLock entry_lock(&source.mu);
+  // A session in a lower tier comes back first, as for any call.
+  if (absl::Status s = EnsureResident(source); !s.ok()) return s;
   if (source.session == nullptr) return NotFound(source.info.id);
   if (source.transferring) {
     return absl::UnavailableError(

@@ -17,6 +17,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "cache_store/session_types.h"
+#include "cache_store/tiers.h"
 
 namespace kvkeep {
 
@@ -56,12 +57,29 @@ struct WorkReport {
   SessionWork work;
 };
 
+// A session that moved between tiers (tiers.h), whole: out of the pool
+// (from kPool) or back into it by a call (to kPool), with the bytes moved
+// and the move's time (encoding and writing, or reading, checking and
+// restoring).
+struct TierMove {
+  const SessionInfo* session = nullptr;  // valid during the call only
+  Tier from = Tier::kPool;
+  Tier to = Tier::kPool;
+  int64_t bytes = 0;
+  absl::Duration duration;
+};
+
 class StoreObserver {
  public:
   virtual ~StoreObserver() = default;
   virtual void SessionOpened(const SessionInfo& session) {}
   virtual void SessionClosed(const SessionInfo& session) {}
   virtual void WorkDone(const WorkReport& report) {}
+  // Under the session's lock, like WorkDone.
+  virtual void TierMoved(const TierMove& move) {}
+  // A session's copy in `tier` failed its checksum (or vanished) on
+  // restore: the session is lost. Under the session's lock.
+  virtual void TierCopyLost(const SessionInfo& session, Tier tier) {}
 };
 
 }  // namespace kvkeep

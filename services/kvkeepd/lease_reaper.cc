@@ -27,6 +27,9 @@ void LeaseReaper::Run() {
   constexpr absl::Duration kMinWait = absl::Milliseconds(10);
   while (true) {
     const std::vector<ExpiredSession> expired = store_->ExpireIdle();
+    // Idle sessions to their layout's cheaper tier, at the same cadence
+    // (a pass a second at least: the idle times are seconds or more).
+    store_->DemoteIdle();
     if (on_expired_) {
       for (const ExpiredSession& session : expired) on_expired_(session);
     }

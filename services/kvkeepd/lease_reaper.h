@@ -1,8 +1,9 @@
 // LeaseReaper: the thread in kvkeepd that closes a store's sessions whose
 // leases ran out (CacheStore::ExpireIdle) and reports each one, so that a
 // client that died without closing its sessions does not hold their pages
-// until kvkeepd restarts. It wakes when the store's earliest lease could
-// run out, and at least every `max_wait`; a wake with nothing due costs a
+// until kvkeepd restarts; each pass also moves idle sessions down a tier
+// (CacheStore::DemoteIdle, tiers.h). It wakes when the store's earliest lease
+// could run out, and at least every `max_wait`; a wake with nothing due costs a
 // clock read and one comparison under the store's lock.
 //
 // Thread-safe; the destructor stops the thread and waits for it (a pass in

@@ -1,5 +1,6 @@
 #include "services/kvkeepd/server_config.h"
 
+#include <cmath>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -68,13 +69,49 @@ absl::Status Read(const Json& object, const char* key, absl::string_view where,
     }                                         \
   } while (0)
 
+// A layout's "tiers" object (docs/tiers.md); the directory and the
+// options' consistency are checked when the store starts (PrepareTiers).
+absl::Status ParseTiers(const Json& j, const std::string& layout_where,
+                        TierOptions& tiers) {
+  const std::string where = layout_where + ".tiers";
+  KVKEEP_RETURN_IF_ERROR(CheckKeys(
+      j, where,
+      {"host_bytes", "disk_dir", "idle_seconds", "demote_when_full"}));
+  double idle_seconds = 0;
+  KVKEEP_RETURN_IF_ERROR(Read(j, "host_bytes", where, tiers.host_bytes));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "disk_dir", where, tiers.disk_dir));
+  KVKEEP_RETURN_IF_ERROR(Read(j, "idle_seconds", where, idle_seconds));
+  KVKEEP_RETURN_IF_ERROR(
+      Read(j, "demote_when_full", where, tiers.demote_when_full));
+  // A month is the longest lease (lease.h); idling longer than any lease
+  // can last would never move anything.
+  constexpr double kMaxIdleSeconds = 30.0 * 24 * 3600;
+  if (!std::isfinite(idle_seconds) || idle_seconds < 0 ||
+      idle_seconds > kMaxIdleSeconds) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: ", where, ".idle_seconds must be in [0, ",
+                     kMaxIdleSeconds, "] (0: only a full pool moves one)"));
+  }
+  if (tiers.host_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: ", where, ".host_bytes must not be negative"));
+  }
+  if (!tiers.enabled()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: ", where,
+                     " needs host_bytes or disk_dir (a tier to move to)"));
+  }
+  tiers.idle_after = absl::Seconds(idle_seconds);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<PoolSpec> ParseLayout(const Json& j, int index) {
   const std::string where = absl::StrCat("layouts[", index, "]");
   KVKEEP_RETURN_IF_ERROR(
       CheckKeys(j, where,
                 {"name", "num_layers", "kv_heads", "query_heads", "head_dim",
                  "dtype", "group_size", "append_dtype", "page_tokens",
-                 "keys_pre_rope", "pool_pages"}));
+                 "keys_pre_rope", "pool_pages", "tiers"}));
   PoolSpec spec;
   ModelLayout& l = spec.layout;
   std::string dtype = "bf16";
@@ -90,6 +127,9 @@ absl::StatusOr<PoolSpec> ParseLayout(const Json& j, int index) {
   KVKEEP_RETURN_IF_ERROR(Read(j, "page_tokens", where, l.page_tokens));
   KVKEEP_RETURN_IF_ERROR(Read(j, "keys_pre_rope", where, l.keys_pre_rope));
   KVKEEP_RETURN_IF_ERROR(Read(j, "pool_pages", where, spec.capacity_pages));
+  if (auto it = j.find("tiers"); it != j.end()) {
+    KVKEEP_RETURN_IF_ERROR(ParseTiers(*it, where, spec.tiers));
+  }
   auto parse = [&](const std::string& name, DType& out) {
     absl::StatusOr<DType> parsed = ParseDType(name);
     if (!parsed.ok()) {

@@ -118,6 +118,61 @@ std::vector<MetricFamily> PrefixFamilies(const CacheStore& store) {
           std::move(holders)};
 }
 
+// Tiers (docs/tiers.md), per layout: sessions and bytes in each tier, and
+// what moved between them.
+std::vector<MetricFamily> TierFamilies(const CacheStore& store) {
+  constexpr MetricType kGauge = MetricType::Gauge;
+  constexpr MetricType kCounter = MetricType::Counter;
+  MetricFamily sessions =
+      Family("kvkeep_tier_sessions",
+             "Open sessions of the layout by where their state is: pool, "
+             "host or disk",
+             kGauge);
+  MetricFamily bytes = Family(
+      "kvkeep_tier_bytes",
+      "Bytes of the layout's sessions by tier (pool: pages in use; host, "
+      "disk: the sessions' encoded state)",
+      kGauge);
+  MetricFamily demotions =
+      Family("kvkeep_tier_demotions_total",
+             "Sessions moved out of the pool (idle, or the least recently "
+             "used when the pool was full)",
+             kCounter);
+  MetricFamily restores = Family(
+      "kvkeep_tier_restores_total",
+      "Sessions a call brought back into the pool from a lower tier", kCounter);
+  MetricFamily failed = Family(
+      "kvkeep_tier_failed_moves_total",
+      "Moves out of the pool refused (no tier had room, disk errors); the "
+      "session stayed in the pool",
+      kCounter);
+  MetricFamily corrupt =
+      Family("kvkeep_tier_corrupt_total",
+             "Tier copies found damaged (checksum) or missing on restore; "
+             "their sessions are lost",
+             kCounter);
+  for (const LayoutStats& l : store.Layouts()) {
+    const std::vector<ClientMetric::Label> labels{{"layout", l.layout.name}};
+    for (int t = 0; t < kTierCount; ++t) {
+      const std::vector<ClientMetric::Label> tier{
+          {"layout", l.layout.name},
+          {"tier", std::string(TierName(static_cast<Tier>(t)))}};
+      AddSample(sessions, tier, static_cast<double>(l.tiers.sessions[t]));
+      AddSample(bytes, tier, static_cast<double>(l.tiers.bytes[t]));
+    }
+    AddSample(demotions, labels, static_cast<double>(l.tiers.moves_down));
+    AddSample(restores, labels, static_cast<double>(l.tiers.restores));
+    AddSample(failed, labels, static_cast<double>(l.tiers.failed_moves));
+    AddSample(corrupt, labels, static_cast<double>(l.tiers.corrupt));
+  }
+  MetricFamily forks = Family("kvkeep_sessions_forked_total",
+                              "Sessions made by ForkSession", kCounter);
+  AddSample(forks, {}, static_cast<double>(store.forks()));
+  return {std::move(sessions), std::move(bytes),  std::move(demotions),
+          std::move(restores), std::move(failed), std::move(corrupt),
+          std::move(forks)};
+}
+
 }  // namespace
 
 const prometheus::Histogram::BucketBoundaries& StoreLatencyBuckets() {
@@ -191,6 +246,24 @@ StoreMetrics::StoreMetrics(prometheus::Registry& registry,
               "Time in the store of one successful operation on a session, "
               "by operation (append, step, scores, compress)")
           .Register(registry);
+  auto& tier_move_seconds =
+      prometheus::BuildHistogram()
+          .Name("kvkeep_tier_move_duration_seconds")
+          .Help(
+              "Time to move one session between tiers, whole (from, to: pool, "
+              "host, disk); a move to the pool is the restore a call waits "
+              "for")
+          .Register(registry);
+  for (Tier below : {Tier::kHost, Tier::kDisk}) {
+    for (bool down : {true, false}) {
+      const Tier from = down ? Tier::kPool : below;
+      const Tier to = down ? below : Tier::kPool;
+      tier_move_seconds_[static_cast<int>(from)][static_cast<int>(to)] =
+          &tier_move_seconds.Add({{"from", std::string(TierName(from))},
+                                  {"to", std::string(TierName(to))}},
+                                 RpcLatencyBuckets());
+    }
+  }
   prometheus::BuildGauge()
       .Name("kvkeep_build_info")
       .Help("Always 1; the version label is kvkeepd's")
@@ -259,6 +332,12 @@ void StoreMetrics::WorkDone(const WorkReport& report) {
     s->score_updates->Increment(static_cast<double>(w.score_updates));
     s->score_update_seconds->Observe(absl::ToDoubleSeconds(w.scoring_time));
   }
+}
+
+void StoreMetrics::TierMoved(const TierMove& move) {
+  prometheus::Histogram* h = tier_move_seconds_[static_cast<int>(move.from)]
+                                               [static_cast<int>(move.to)];
+  if (h != nullptr) h->Observe(absl::ToDoubleSeconds(move.duration));
 }
 
 std::vector<SessionId> StoreMetrics::TrackedSessions() const {
@@ -369,6 +448,7 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
     out.push_back(std::move(*f));
   }
   for (MetricFamily& f : PrefixFamilies(store_)) out.push_back(std::move(f));
+  for (MetricFamily& f : TierFamilies(store_)) out.push_back(std::move(f));
   return out;
 }
 

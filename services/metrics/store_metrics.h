@@ -47,6 +47,7 @@ class StoreMetrics : public StoreObserver {
   void SessionOpened(const SessionInfo& session) override;
   void SessionClosed(const SessionInfo& session) override;
   void WorkDone(const WorkReport& report) override;
+  void TierMoved(const TierMove& move) override;
 
   // The open sessions that get per-session series, and how many open
   // sessions do not.
@@ -71,6 +72,8 @@ class StoreMetrics : public StoreObserver {
   absl::flat_hash_map<std::string, PolicySeries> policies_;
   // Indexed by StoreOperation.
   std::vector<prometheus::Histogram*> operation_seconds_;
+  // [from][to] by Tier: the moves that happen (to or from the pool).
+  prometheus::Histogram* tier_move_seconds_[kTierCount][kTierCount] = {};
 
   mutable absl::Mutex mu_;
   absl::flat_hash_set<SessionId> tracked_ ABSL_GUARDED_BY(mu_);

@@ -26,6 +26,9 @@ void StateToProto(const SessionSnapshot& s, v1::SessionState* out) {
   if (s.idle_timeout.has_value()) {
     out->set_idle_timeout_seconds(absl::ToDoubleSeconds(*s.idle_timeout));
   }
+  if (s.policy.protect_first > 0) {
+    out->set_protect_first(s.policy.protect_first);
+  }
   for (const LayerSnapshot& l : s.layers) {
     v1::LayerState* p = out->add_layers();
     p->mutable_positions()->Add(l.position.begin(), l.position.end());
@@ -66,6 +69,12 @@ absl::StatusOr<SessionSnapshot> StateFromProto(const v1::SessionState& p) {
     // Too long for a Duration saturates; the import clamps to its maximum.
     s.idle_timeout = absl::Seconds(seconds);
   }
+  if (p.protect_first() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("protect_first ", p.protect_first(),
+                     " is negative (0: no token is protected)"));
+  }
+  s.policy.protect_first = p.protect_first();
   for (const v1::LayerState& l : p.layers()) {
     LayerSnapshot layer;
     layer.position.assign(l.positions().begin(), l.positions().end());

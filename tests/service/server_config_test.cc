@@ -7,8 +7,10 @@
 #include <functional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -47,6 +49,11 @@ TEST(ServerConfigTest, TheShippedExampleParsesAndSetsEveryKey) {
   EXPECT_EQ(c.pools[0].layout.num_layers, 32);
   EXPECT_EQ(c.pools[0].layout.dtype, DType::kBF16);
   EXPECT_EQ(c.pools[0].capacity_pages, 65536);
+  EXPECT_EQ(c.pools[0].tiers.host_bytes, int64_t{16} << 30);
+  EXPECT_EQ(c.pools[0].tiers.disk_dir, "/var/lib/kvkeep/tiers/llama3-8b");
+  EXPECT_EQ(c.pools[0].tiers.idle_after, absl::Seconds(300));
+  EXPECT_TRUE(c.pools[0].tiers.demote_when_full);
+  EXPECT_FALSE(c.pools[1].tiers.enabled());
   EXPECT_EQ(c.pools[1].layout.dtype, DType::kF32);
   EXPECT_EQ(c.pools[1].layout.page_tokens, 4);
   EXPECT_EQ(c.default_policy.name, "h2o");
@@ -66,6 +73,28 @@ TEST(ServerConfigTest, TheShippedExampleParsesAndSetsEveryKey) {
   StoreOptions options;
   options.pools = {c.pools[1]};
   EXPECT_TRUE(CacheStore::Create(options).ok());
+}
+
+TEST(ServerConfigTest, BadTiersAreRefusedNamingTheKey) {
+  const std::string layout =
+      R"("name": "m", "num_layers": 1, "kv_heads": 1, "query_heads": 1,
+         "head_dim": 8, "dtype": "f32", "pool_pages": 8)";
+  for (const auto& [tiers, says] :
+       std::vector<std::pair<std::string, std::string>>{
+           {R"({"idle_seconds": 5})", "needs host_bytes or disk_dir"},
+           {R"({"disk_dir": "/d", "idle_seconds": -1})", "idle_seconds"},
+           {R"({"disk_dir": "/d", "idle_seconds": 1e12})", "idle_seconds"},
+           {R"({"host_bytes": -5})", "host_bytes"},
+           {R"({"disk_dir": "/d", "colour": 1})", "unknown key 'colour'"},
+           {R"({"disk_dir": 3})", "wrong type"}}) {
+    ServerConfig c = DefaultConfig();
+    const absl::Status s = Apply(absl::StrCat(R"({"layouts": [{)", layout,
+                                              R"(, "tiers": )", tiers, "}]}"),
+                                 c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << tiers;
+    EXPECT_THAT(s.message(), ::testing::HasSubstr(says)) << tiers;
+    EXPECT_THAT(s.message(), ::testing::HasSubstr("layouts[0].tiers")) << tiers;
+  }
 }
 
 TEST(ServerConfigTest, KeysOverlayTheDefault) {

@@ -262,6 +262,55 @@ TEST(TransferTest, TheLeaseTravelsWithTheSession) {
   EXPECT_EQ(there->idle_timeout_seconds(), 123);
 }
 
+// A session started from a named prefix protects the prefix's tokens
+// (PolicySpec.protect_first); moved to another store, it still does: the
+// target keeps every prefix token resident however much it evicts after.
+TEST(TransferTest, AChildOfAPrefixKeepsItsProtectedTokensWhenMoved) {
+  Store source(256), target(256);
+  absl::StatusOr<client::Session> parent =
+      metrics_testing::OpenSession(source.client(), "m", "h2o", 12);
+  ASSERT_TRUE(parent.ok()) << parent.status();
+  std::mt19937 rng(11);
+  constexpr int64_t kPrefixTokens = 8;
+  ASSERT_TRUE(
+      metrics_testing::DecodeWithQueries(*parent, kPrefixTokens, 0, rng).ok());
+  ASSERT_TRUE(parent->Publish("tools").ok());
+  v1::CreateSessionRequest from_prefix;
+  from_prefix.set_prefix("tools");
+  // window evicts the oldest unprotected tokens: without the protection,
+  // the prefix's would be the first to go.
+  from_prefix.set_policy("window");
+  from_prefix.mutable_budget()->set_tokens(12);
+  absl::StatusOr<client::Session> child =
+      source.client().CreateSession(from_prefix);
+  ASSERT_TRUE(child.ok()) << child.status();
+  v1::TransferSessionResponse response;
+  const grpc::Status status = Transfer(source, child->id(), target.address(),
+                                       &response, "", absl::Seconds(60), "tcp");
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  const SessionId id = *ParseSessionName(child->id());
+  absl::StatusOr<SessionSnapshot> there =
+      target.store().ExportSession(id, /*with_bytes=*/false);
+  ASSERT_TRUE(there.ok()) << there.status();
+  EXPECT_EQ(there->policy.protect_first, kPrefixTokens);
+  // 24 more tokens into a budget of 12: 24 evictions per layer, none of
+  // them a prefix token.
+  absl::StatusOr<client::Session> moved =
+      target.client().OpenSession(child->id());
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  ASSERT_TRUE(metrics_testing::DecodeWithQueries(*moved, 24, kPrefixTokens, rng,
+                                                 /*with_queries=*/false)
+                  .ok());
+  for (int32_t layer = 0; layer < 2; ++layer) {
+    absl::StatusOr<LayerKvCopy> kv = target.store().ReadLayer(id, layer);
+    ASSERT_TRUE(kv.ok()) << kv.status();
+    for (int64_t p = 0; p < kPrefixTokens; ++p) {
+      EXPECT_THAT(kv->positions, ::testing::Contains(p))
+          << "layer " << layer << " lost prefix token " << p;
+    }
+  }
+}
+
 // Whether a target that refused or lost a transfer gives back every page it
 // reserved. It may do so just after the sender has its answer (a receive
 // beside the stream is cleaned up off gRPC's threads), so this waits, up to

@@ -660,7 +660,7 @@ class LayerState(_message.Message):
     def __init__(self, positions: _Optional[_Iterable[int]] = ..., arrivals: _Optional[_Iterable[int]] = ..., scores: _Optional[_Iterable[float]] = ..., history: _Optional[_Iterable[int]] = ..., appended: _Optional[int] = ..., version: _Optional[int] = ..., budget: _Optional[int] = ...) -> None: ...
 
 class SessionState(_message.Message):
-    __slots__ = ("session_id", "layout", "policy", "policy_params", "tenant", "last_position", "compressed", "evicted_tokens", "evicted_score", "score_updates", "evictions", "layers", "idle_timeout_seconds")
+    __slots__ = ("session_id", "layout", "policy", "policy_params", "tenant", "last_position", "compressed", "evicted_tokens", "evicted_score", "score_updates", "evictions", "layers", "idle_timeout_seconds", "protect_first")
     class PolicyParamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -681,6 +681,7 @@ class SessionState(_message.Message):
     EVICTIONS_FIELD_NUMBER: _ClassVar[int]
     LAYERS_FIELD_NUMBER: _ClassVar[int]
     IDLE_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PROTECT_FIRST_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     layout: str
     policy: str
@@ -694,7 +695,8 @@ class SessionState(_message.Message):
     evictions: int
     layers: _containers.RepeatedCompositeFieldContainer[LayerState]
     idle_timeout_seconds: float
-    def __init__(self, session_id: _Optional[str] = ..., layout: _Optional[str] = ..., policy: _Optional[str] = ..., policy_params: _Optional[_Mapping[str, str]] = ..., tenant: _Optional[str] = ..., last_position: _Optional[int] = ..., compressed: _Optional[bool] = ..., evicted_tokens: _Optional[int] = ..., evicted_score: _Optional[float] = ..., score_updates: _Optional[int] = ..., evictions: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerState, _Mapping]]] = ..., idle_timeout_seconds: _Optional[float] = ...) -> None: ...
+    protect_first: int
+    def __init__(self, session_id: _Optional[str] = ..., layout: _Optional[str] = ..., policy: _Optional[str] = ..., policy_params: _Optional[_Mapping[str, str]] = ..., tenant: _Optional[str] = ..., last_position: _Optional[int] = ..., compressed: _Optional[bool] = ..., evicted_tokens: _Optional[int] = ..., evicted_score: _Optional[float] = ..., score_updates: _Optional[int] = ..., evictions: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerState, _Mapping]]] = ..., idle_timeout_seconds: _Optional[float] = ..., protect_first: _Optional[int] = ...) -> None: ...
 
 class TransferChunk(_message.Message):
     __slots__ = ("layer", "first_slot", "keys", "values", "crc32c")
