@@ -139,8 +139,6 @@ class FleetDrainTest : public ::testing::Test {
     client::FleetOptions options;
     options.targets = peers;
     options.placement_staleness = absl::ZeroDuration();
-    // A restarting replica is waited for (about 20 s of retries).
-    options.client.retries = 12;
     absl::StatusOr<client::FleetClient> fleet =
         client::FleetClient::Connect(options);
     ASSERT_TRUE(fleet.ok()) << fleet.status();
@@ -284,6 +282,20 @@ class FleetDrainTest : public ::testing::Test {
     for (std::thread& t : threads) t.join();
   }
 
+  // Waits until every thread has stepped all its sessions `rounds` more
+  // times, or a step failed (then the decoding threads have stopped).
+  void WaitForRounds(int64_t rounds) {
+    const int64_t target = steps_.load() + rounds * kThreads;
+    for (const absl::Time end = absl::Now() + kPatience;
+         steps_.load() < target && absl::Now() < end;) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (!failure_.ok()) return;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  }
+
   // Every session's final keys and values equal its twin's.
   void ExpectSameAsTwins() {
     for (const std::unique_ptr<Pair>& p : pairs_) {
@@ -338,14 +350,13 @@ TEST_F(FleetDrainTest, DrainOfOneReplicaWhileSessionsDecodeLosesNone) {
   ASSERT_GT(before[0], 0);
   std::atomic<bool> stop{false};
   std::thread decoding([&] { Decode(stop); });
-  while (steps_.load() < 2 * kThreads) absl::SleepFor(absl::Milliseconds(10));
+  WaitForRounds(2);
   Drain(0);
-  const int64_t at_drain = steps_.load();
-  while (steps_.load() < at_drain + 2 * kThreads) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  WaitForRounds(2);
   stop = true;
   decoding.join();
+  std::printf("%lld decode steps per session (%d threads)\n",
+              static_cast<long long>(steps_.load() / kThreads), kThreads);
   {
     absl::MutexLock lock(&mu_);
     ASSERT_TRUE(failure_.ok()) << failure_;
@@ -365,19 +376,15 @@ TEST_F(FleetDrainTest, RollingRestartOfEveryReplicaLosesNone) {
   std::thread decoding([&] { Decode(stop); });
   // Highest ordinal first, as kubectl rollout does.
   for (int i = 2; i >= 0; --i) {
-    const int64_t now = steps_.load();
-    while (steps_.load() < now + 2 * kThreads) {
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-    ASSERT_NO_FATAL_FAILURE(Drain(i));
-    ASSERT_NO_FATAL_FAILURE(Start(i));
+    WaitForRounds(2);
+    Drain(i);
+    Start(i);
   }
-  const int64_t now = steps_.load();
-  while (steps_.load() < now + 2 * kThreads) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  WaitForRounds(2);
   stop = true;
   decoding.join();
+  std::printf("%lld decode steps per session (%d threads)\n",
+              static_cast<long long>(steps_.load() / kThreads), kThreads);
   {
     absl::MutexLock lock(&mu_);
     ASSERT_TRUE(failure_.ok()) << failure_;
