@@ -13,15 +13,11 @@
 //
 // Waits have a generous limit only so that a hang fails the test; no test
 // measures time (the drain's time is printed, for docs/fleet.md).
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <csignal>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
@@ -64,31 +60,6 @@ constexpr char kConfig[] =
                   "linger_seconds": 3}})";
 const char* const kNames[] = {"fleet-a", "fleet-b", "fleet-c"};
 
-std::string WriteFile(const std::string& name, const std::string& text) {
-  const std::string path =
-      absl::StrCat(::testing::TempDir(), "/", name, "_", getpid());
-  std::ofstream(path) << text;
-  return path;
-}
-
-// A port free now on 127.0.0.1 (a replica restarts on the same one, and
-// its peers must know it before it starts).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
 // Per layer: what one step did, without page ids (only they may differ
 // between a moved session and its twin).
 std::string Changes(const v1::StepResult& result) {
@@ -117,11 +88,12 @@ struct Pair {
 class FleetDrainTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    config_ = WriteFile("drain.json", kConfig);
-    token_ = WriteFile("drain_peer", "fleet-drain-test-peer-token\n");
+    config_ = child_process::WriteTempFile("drain.json", kConfig);
+    token_ = child_process::WriteTempFile("drain_peer",
+                                          "fleet-drain-test-peer-token\n");
     std::vector<std::string> peers;
     for (int i = 0; i < 3; ++i) {
-      ports_.push_back(FreePort());
+      ports_.push_back(child_process::FreeLoopbackPort());
       peers.push_back(absl::StrCat("127.0.0.1:", ports_.back()));
     }
     peers_ = absl::StrJoin(peers, ",");
@@ -296,6 +268,16 @@ class FleetDrainTest : public ::testing::Test {
     }
   }
 
+  // Stops the decoding threads; none may have failed.
+  void StopDecoding(std::atomic<bool>& stop, std::thread& decoding) {
+    stop = true;
+    decoding.join();
+    std::printf("%lld decode steps per session (%d threads)\n",
+                static_cast<long long>(steps_.load() / kThreads), kThreads);
+    absl::MutexLock lock(&mu_);
+    ASSERT_TRUE(failure_.ok()) << failure_;
+  }
+
   // Every session's final keys and values equal its twin's.
   void ExpectSameAsTwins() {
     for (const std::unique_ptr<Pair>& p : pairs_) {
@@ -353,14 +335,7 @@ TEST_F(FleetDrainTest, DrainOfOneReplicaWhileSessionsDecodeLosesNone) {
   WaitForRounds(2);
   Drain(0);
   WaitForRounds(2);
-  stop = true;
-  decoding.join();
-  std::printf("%lld decode steps per session (%d threads)\n",
-              static_cast<long long>(steps_.load() / kThreads), kThreads);
-  {
-    absl::MutexLock lock(&mu_);
-    ASSERT_TRUE(failure_.ok()) << failure_;
-  }
+  ASSERT_NO_FATAL_FAILURE(StopDecoding(stop, decoding));
   EXPECT_THAT(LastDrainLine(0),
               HasSubstr(absl::StrCat(before[0], " sessions: ", before[0],
                                      " moved to 2 peers, 0 not moved")));
@@ -381,14 +356,7 @@ TEST_F(FleetDrainTest, RollingRestartOfEveryReplicaLosesNone) {
     Start(i);
   }
   WaitForRounds(2);
-  stop = true;
-  decoding.join();
-  std::printf("%lld decode steps per session (%d threads)\n",
-              static_cast<long long>(steps_.load() / kThreads), kThreads);
-  {
-    absl::MutexLock lock(&mu_);
-    ASSERT_TRUE(failure_.ok()) << failure_;
-  }
+  ASSERT_NO_FATAL_FAILURE(StopDecoding(stop, decoding));
   const std::vector<int64_t> held = Held();
   EXPECT_EQ(held[0] + held[1] + held[2], kSessions);
   ExpectSameAsTwins();
