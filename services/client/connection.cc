@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/cord.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
@@ -77,6 +78,26 @@ bool Connection::FollowMove(const grpc::ClientContext& context) const {
   absl::MutexLock lock(&route_mu_);
   stubs_.push_back(v1::KvKeep::NewStub(*channel));
   return true;
+}
+
+bool Connection::WaitWhileMoving(const grpc::ClientContext& context,
+                                 std::optional<absl::Time>* since) const {
+  if (redirect_ == nullptr || TrailingValue(context, kMovingMetadata).empty()) {
+    return false;
+  }
+  const absl::Time now = absl::Now();
+  if (!since->has_value()) *since = now;
+  if (now - **since >= options_.move_wait) return false;
+  absl::SleepFor(std::max(options_.backoff, absl::Milliseconds(1)));
+  return true;
+}
+
+absl::Status Connection::MarkDraining(const grpc::ClientContext& context,
+                                      absl::Status status) {
+  const std::string replica = TrailingValue(context, kDrainingMetadata);
+  if (!replica.empty())
+    status.SetPayload(kDrainingMetadata, absl::Cord(replica));
+  return status;
 }
 
 absl::StatusOr<Connection::LayoutInfo> Connection::FindLayout(

@@ -89,6 +89,18 @@ class Connection {
   // replica and returns true. Call() follows at most one move per call.
   bool FollowMove(const grpc::ClientContext& context) const
       ABSL_LOCKS_EXCLUDED(route_mu_);
+  // After a call failed UNAVAILABLE with `context`: in a connection that
+  // follows moves, if the server said the session is being moved
+  // (kvkeep-moving: nothing was applied), waits a backoff and returns true
+  // (send it again) until options().move_wait has passed since `*since`
+  // (set at the first refusal).
+  bool WaitWhileMoving(const grpc::ClientContext& context,
+                       std::optional<absl::Time>* since) const;
+  // `status` (an UNAVAILABLE of `context`) with the payload
+  // kDrainingMetadata (the replica's name) when a draining replica refused
+  // the call: FleetClient places elsewhere.
+  static absl::Status MarkDraining(const grpc::ClientContext& context,
+                                   absl::Status status);
   // Starts the ServerInfo cache (a fleet client has read it already).
   void SeedServerInfo(v1::ServerInfo info) const ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
@@ -114,6 +126,7 @@ class Connection {
     absl::Duration wait = options_.backoff;
     std::optional<absl::BitGen> jitter;
     bool followed = false;
+    std::optional<absl::Time> moving_since;
     for (int n = 1;; ++n) {
       grpc::ClientContext context;
       Prepare(context, options_.deadline);
@@ -122,6 +135,13 @@ class Connection {
           FollowMove(context)) {
         followed = true;  // once: a second move is the caller's to see
         continue;
+      }
+      if (status.code() == absl::StatusCode::kUnavailable) {
+        status = MarkDraining(context, std::move(status));
+        if (WaitWhileMoving(context, &moving_since)) {
+          --n;  // not a retry: the server applied nothing
+          continue;
+        }
       }
       if (status.code() != absl::StatusCode::kUnavailable ||
           retry == Retry::kNo || n > options_.retries) {

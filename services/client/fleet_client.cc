@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "services/client/connection.h"
+#include "services/common/fleet_discovery.h"
 #include "services/common/fleet_names.h"
 
 namespace kvkeep::client {
@@ -49,12 +50,6 @@ std::shared_ptr<Connection> ConnectionTo(const FleetOptions& options,
                                       std::move(redirect));
 }
 
-bool IsResolvedTarget(const std::string& target) {
-  return absl::StrContains(target, ":///") ||
-         absl::StartsWith(target, "ipv4:") ||
-         absl::StartsWith(target, "ipv6:") || absl::StartsWith(target, "dns:");
-}
-
 absl::Status AddReplica(std::map<std::string, ReplicaState>& replicas,
                         const std::string& target, ReplicaState replica) {
   const std::string& name = replica.info->replica();
@@ -82,35 +77,29 @@ absl::Status Discover(const FleetOptions& options, const std::string& target,
   if (!channel.ok()) return channel.status();
   const std::shared_ptr<Connection> all =
       ConnectionTo(options, target, *channel);
-  for (int quiet = 0; quiet < options.discovery_calls;) {
-    absl::StatusOr<v1::ServerInfo> info = all->GetServerInfo();
-    if (!info.ok()) return info.status();
-    if (replicas.contains(info->replica())) {
-      ++quiet;
-      continue;
-    }
-    quiet = 0;
-    if (info->address().empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "replica '", info->replica(), "' (found through ", target,
-          ") reports no address: set its advertise_address"));
-    }
-    absl::StatusOr<std::shared_ptr<grpc::Channel>> own =
-        MakeChannel(options.client, info->address());
-    if (!own.ok()) return own.status();
-    ReplicaState r{info->address(), *own, *info, absl::Now()};
-    if (absl::Status s = AddReplica(replicas, target, std::move(r)); !s.ok()) {
-      return s;
-    }
-  }
-  return absl::OkStatus();
+  return DiscoverReplicas(
+      options.discovery_calls, [&] { return all->GetServerInfo(); },
+      [&](const std::string& name) { return replicas.contains(name); },
+      [&](const v1::ServerInfo& info) -> absl::Status {
+        if (info.address().empty()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "replica '", info.replica(), "' (found through ", target,
+              ") reports no address: set its advertise_address"));
+        }
+        absl::StatusOr<std::shared_ptr<grpc::Channel>> own =
+            MakeChannel(options.client, info.address());
+        if (!own.ok()) return own.status();
+        return AddReplica(
+            replicas, target,
+            ReplicaState{info.address(), *own, info, absl::Now()});
+      });
 }
 
 // The free pages of `layout` on a replica, or nullopt if it does not serve
 // it (or did not answer).
 std::optional<int64_t> FreePages(const ReplicaState& r,
                                  const std::string& layout) {
-  if (!r.info.has_value()) return std::nullopt;
+  if (!r.info.has_value() || r.info->draining()) return std::nullopt;
   for (const v1::Pool& pool : r.info->pools()) {
     if (pool.layout() == layout) return pool.free_pages();
   }
@@ -252,34 +241,63 @@ absl::StatusOr<KvKeepClient> FleetClient::SessionClient(
   return KvKeepClient(std::move(connection));
 }
 
-absl::StatusOr<Session> FleetClient::CreateSession(
-    const v1::CreateSessionRequest& request, const std::string& replica) const {
-  std::string chosen = replica;
-  if (chosen.empty()) {
-    RefreshStale(*state_, state_->options.placement_staleness);
-    absl::MutexLock lock(&state_->mu);
-    std::optional<int64_t> best_free;
-    int64_t best_sessions = 0;
-    for (const auto& [name, r] : state_->replicas) {
-      const std::optional<int64_t> free = FreePages(r, request.layout());
-      if (!free.has_value()) continue;
-      const int64_t sessions = Sessions(r);
-      if (!best_free.has_value() || *free > *best_free ||
-          (*free == *best_free && sessions < best_sessions)) {
-        chosen = name;
-        best_free = free;
-        best_sessions = sessions;
-      }
-    }
-    if (chosen.empty()) {
-      return absl::NotFoundError(
-          absl::StrCat("no reachable replica of the fleet serves layout '",
-                       request.layout(), "'"));
+namespace {
+
+// The replica with the most free pages for `layout` (ties: fewer sessions,
+// then the first name), or empty.
+std::string Emptiest(const std::map<std::string, ReplicaState>& replicas,
+                     const std::string& layout) {
+  std::string chosen;
+  std::optional<int64_t> best_free;
+  int64_t best_sessions = 0;
+  for (const auto& [name, r] : replicas) {
+    const std::optional<int64_t> free = FreePages(r, layout);
+    if (!free.has_value()) continue;
+    const int64_t sessions = Sessions(r);
+    if (!best_free.has_value() || *free > *best_free ||
+        (*free == *best_free && sessions < best_sessions)) {
+      chosen = name;
+      best_free = free;
+      best_sessions = sessions;
     }
   }
-  absl::StatusOr<KvKeepClient> client = SessionClient(chosen);
-  if (!client.ok()) return client.status();
-  return client->CreateSession(request);
+  return chosen;
+}
+
+}  // namespace
+
+absl::StatusOr<Session> FleetClient::CreateSession(
+    const v1::CreateSessionRequest& request, const std::string& replica) const {
+  if (!replica.empty()) {
+    absl::StatusOr<KvKeepClient> client = SessionClient(replica);
+    if (!client.ok()) return client.status();
+    return client->CreateSession(request);
+  }
+  RefreshStale(*state_, state_->options.placement_staleness);
+  // A replica that refuses because it is draining is marked so (until its
+  // next reading) and the session placed again: at most once per replica.
+  for (;;) {
+    std::string chosen;
+    {
+      absl::MutexLock lock(&state_->mu);
+      chosen = Emptiest(state_->replicas, request.layout());
+    }
+    if (chosen.empty()) {
+      return absl::NotFoundError(absl::StrCat(
+          "no reachable replica of the fleet that is not draining serves "
+          "layout '",
+          request.layout(), "'"));
+    }
+    absl::StatusOr<KvKeepClient> client = SessionClient(chosen);
+    if (!client.ok()) return client.status();
+    absl::StatusOr<Session> session = client->CreateSession(request);
+    if (session.ok() || !session.status().GetPayload(kDrainingMetadata)) {
+      return session;
+    }
+    absl::MutexLock lock(&state_->mu);
+    ReplicaState& r = state_->replicas[chosen];
+    if (r.info.has_value()) r.info->set_draining(true);
+  }
 }
 
 absl::StatusOr<Session> FleetClient::OpenSession(

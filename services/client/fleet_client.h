@@ -8,7 +8,9 @@
 // (TransferSession, a drain) is followed once, transparently: its old
 // replica answers NOT_FOUND with the new one in the trailing metadata
 // kvkeep-moved-to, and the session's handle sends that call, and every
-// later one, to the new replica. What a single-server KvKeepClient does
+// later one, to the new replica; a call refused while its session is being
+// moved (kvkeep-moving) is sent again until the move ends
+// (ClientOptions::move_wait). What a single-server KvKeepClient does
 // (retries, deadlines, chunking) every replica's calls do too.
 //
 // Thread-safe; copies share one view of the fleet.
@@ -62,8 +64,10 @@ class FleetClient {
 
   // Creates a session on `replica`, or (empty) on the replica with the most
   // free pages for request.layout (ties: the one holding fewer sessions,
-  // then the first name). NOT_FOUND when no reachable replica serves the
-  // layout. Retried as KvKeepClient::CreateSession is.
+  // then the first name) among those not draining; one that refuses
+  // because it drains (kvkeep-draining) is marked draining and the next
+  // one tried. NOT_FOUND when no reachable replica that is not draining
+  // serves the layout. Retried as KvKeepClient::CreateSession is.
   absl::StatusOr<Session> CreateSession(const v1::CreateSessionRequest& request,
                                         const std::string& replica = "") const;
   // A handle on a session, routed by its id (Route).

@@ -207,15 +207,23 @@ absl::StatusOr<v1::DecodeStepResult> DecodeStream::Step(v1::DecodeStep step) {
   if (!sent_first_ && step.session_id().empty()) {
     step.set_session_id(session_id_);
   }
-  const bool first = !sent_first_;
   sent_first_ = true;
   v1::DecodeStepResult result;
   if (!stream_->Write(step) || !stream_->Read(&result)) {
     absl::Status s = End();
-    // The session moved (fleet mode): the first step changed nothing, so it
-    // goes once more on a stream to the new replica.
-    if (first && s.code() == absl::StatusCode::kNotFound &&
-        connection_->FollowMove(*context_)) {
+    // The session moved, or is being moved (fleet mode: a TransferSession,
+    // a drain): the refused step changed nothing, so it goes again on a new
+    // stream, to the new replica once the move is done.
+    std::optional<absl::Time> moving_since;
+    for (bool followed = false;;) {
+      if (s.code() == absl::StatusCode::kNotFound && !followed &&
+          connection_->FollowMove(*context_)) {
+        followed = true;
+      } else if (s.code() != absl::StatusCode::kUnavailable ||
+                 !connection_->WaitWhileMoving(*context_, &moving_since)) {
+        break;
+      }
+      step.set_session_id(session_id_);  // a new stream's first message
       context_ = std::make_unique<grpc::ClientContext>();
       connection_->Prepare(*context_, connection_->options().stream_deadline);
       stream_ = connection_->stub().Decode(context_.get());

@@ -73,6 +73,11 @@ struct ClientOptions {
   int retries = 4;
   absl::Duration backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(2);
+  // Fleet clients (docs/fleet.md): a call refused because its session is
+  // being moved (trailing metadata kvkeep-moving: nothing was applied) is
+  // sent again every `backoff` until the move ends (then it is served, or
+  // follows the session) or `move_wait` has passed since the first refusal.
+  absl::Duration move_wait = absl::Seconds(30);
   // Largest reply accepted; -1: no limit (the client trusts its server).
   int max_receive_message_bytes = -1;
   // Called before each retry's wait: the method, the attempt that failed (1

@@ -36,6 +36,14 @@ inline constexpr size_t kMaxReplicaNameBytes = 63;
 // and that address. docs/fleet.md.
 inline constexpr char kMovedToMetadata[] = "kvkeep-moved-to";
 inline constexpr char kMovedToAddressMetadata[] = "kvkeep-moved-to-address";
+// Trailing metadata on the UNAVAILABLE of a call that changed nothing
+// because its session is being moved (a TransferSession or a drain froze
+// it): "1". The call may be sent again; it is then served here
+// (the move failed) or redirected (kvkeep-moved-to).
+inline constexpr char kMovingMetadata[] = "kvkeep-moving";
+// Trailing metadata on the UNAVAILABLE of a CreateSession, ForkSession or
+// PublishPrefix refused by a draining replica: its name. Place elsewhere.
+inline constexpr char kDrainingMetadata[] = "kvkeep-draining";
 
 // What a session id names.
 struct FleetSessionRef {

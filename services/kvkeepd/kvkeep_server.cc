@@ -153,6 +153,12 @@ absl::Status KvKeepServer::Build(ServerHooks& hooks) {
       *registry_, config_.metrics_session_series, KVKEEP_VERSION);
   transfer_metrics_ = std::make_unique<TransferMetrics>(*registry_);
   event_metrics_ = std::make_unique<EventMetrics>(*registry_);
+  drain_metrics_ = std::make_unique<DrainMetrics>(*registry_);
+  drain_options_.peers = config_.fleet.peers;
+  drain_options_.move_time = absl::Seconds(config_.fleet.move_seconds);
+  drain_options_.parallelism = static_cast<int>(config_.fleet.move_parallelism);
+  drain_options_.peer_token = peer_tokens->send;
+  drain_options_.peer_credentials = *peer_credentials;
   StoreOptions store_options =
       StoreOptionsFor(config_, device_, metrics_.get());
   store_options.lease.clock = hooks.clock;
@@ -280,6 +286,13 @@ void KvKeepServer::Stop(absl::Duration drain) {
   if (stopped_ || server_ == nullptr) return;
   stopped_ = true;
   server_->GetHealthCheckService()->SetServingStatus(false);
+  if (service_ != nullptr && !drain_options_.peers.empty()) {
+    drain_metrics_->Started();
+    drain_report_ = DrainByMigration(*service_, drain_options_);
+    drain_metrics_->Finished(drain_report_.moved, drain_report_.unmoved,
+                             drain_report_.duration);
+    absl::SleepFor(absl::Seconds(config_.fleet.linger_seconds));
+  }
   const absl::Time end = absl::Now() + drain;
   // Transfers still sending at three quarters of the grace are cancelled
   // (before their commit: the session stays here), so each caller hears
@@ -313,6 +326,7 @@ KvKeepServer::~KvKeepServer() {
   store_.reset();
   transfer_metrics_.reset();
   event_metrics_.reset();
+  drain_metrics_.reset();
   metrics_.reset();
 }
 

@@ -13,6 +13,10 @@
 // (unless metrics_listen is "off").
 //
 // Shutdown, in this order and for these reasons:
+//   0. with fleet.peers, the drain by migration (fleet_drain.h): health
+//      NOT_SERVING, no new sessions, every session moved to a peer within
+//      fleet.move_seconds; then fleet.linger_seconds still serving, so
+//      calls on the moved sessions hear where they went;
 //   1. health NOT_SERVING: load balancers stop sending new calls;
 //   2. drain: the gRPC server finishes in-flight calls until the deadline,
 //      then cancels the rest, and waits for every reactor;
@@ -24,7 +28,7 @@
 //      that were abandoned clean up on its threads, which it waits for;
 //   6. the /metrics endpoint: its collector reads the store;
 //   7. the store, then the metrics it reported to (its observer).
-// Stop() does 1 and 2; the destructor does what is left (and 1-2 with
+// Stop() does 0 to 2; the destructor does what is left (and 1-2 with
 // the configured drain_seconds if Stop was not called), so a test may stop
 // serving and still read the store.
 //
@@ -45,6 +49,7 @@
 #include "cache_store/cache_store.h"
 #include "grpcpp/server.h"
 #include "prometheus/registry.h"
+#include "services/kvkeepd/fleet_drain.h"
 #include "services/kvkeepd/kvkeep_service.h"
 #include "services/kvkeepd/lease_reaper.h"
 #include "services/kvkeepd/server_config.h"
@@ -95,9 +100,15 @@ class KvKeepServer {
   KvKeepServer(const KvKeepServer&) = delete;
   KvKeepServer& operator=(const KvKeepServer&) = delete;
 
-  // Stops serving: health NOT_SERVING, then in-flight calls get `drain`
-  // before they are cancelled; returns once none runs.
+  // Stops serving: moves the sessions away (fleet.peers), health
+  // NOT_SERVING, then in-flight calls get `drain` before they are
+  // cancelled; returns once none runs.
   void Stop(absl::Duration drain) ABSL_LOCKS_EXCLUDED(stop_mu_);
+  // The drain by migration Stop ran (zeros before, or without peers).
+  DrainReport drain_report() const ABSL_LOCKS_EXCLUDED(stop_mu_) {
+    absl::MutexLock lock(&stop_mu_);
+    return drain_report_;
+  }
 
   // "host:port" that gRPC is bound to (the listen address's host).
   const std::string& address() const { return address_; }
@@ -125,6 +136,10 @@ class KvKeepServer {
   std::unique_ptr<StoreMetrics> metrics_;
   std::unique_ptr<TransferMetrics> transfer_metrics_;
   std::unique_ptr<EventMetrics> event_metrics_;
+  std::unique_ptr<DrainMetrics> drain_metrics_;
+  // How the drain calls the peers (fleet.peers, the peer token and
+  // credentials), fixed in Build.
+  DrainOptions drain_options_;
   std::unique_ptr<CacheStore> store_;
   std::unique_ptr<TcpTransport> tcp_;
   std::unique_ptr<KvKeepService> service_;
@@ -135,8 +150,9 @@ class KvKeepServer {
   std::unique_ptr<MetricsServer> metrics_server_;
   std::string address_;
   int port_ = 0;
-  absl::Mutex stop_mu_;
+  mutable absl::Mutex stop_mu_;
   bool stopped_ ABSL_GUARDED_BY(stop_mu_) = false;
+  DrainReport drain_report_ ABSL_GUARDED_BY(stop_mu_);
 };
 
 }  // namespace kvkeep

@@ -177,57 +177,13 @@ grpc::ServerUnaryReactor* KvKeepService::Unary(
   return reactor;
 }
 
-grpc::ServerUnaryReactor* KvKeepService::GetServerInfo(
-    grpc::CallbackServerContext* ctx, const v1::GetServerInfoRequest*,
-    v1::ServerInfo* resp) {
-  return Unary(ctx, "GetServerInfo", [&]() -> absl::Status {
-    absl::StatusOr<std::string> t = Authenticate(*ctx);
-    if (!t.ok()) return t.status();
-    resp->set_version(KVKEEP_VERSION);
-    resp->set_backend(options_.backend);
-    for (const LayoutStats& s : store_->Layouts()) {
-      LayoutToProto(s.layout, resp->add_layouts());
-      v1::Pool* pool = resp->add_pools();
-      pool->set_layout(s.layout.name);
-      pool->set_capacity_pages(s.pool.capacity_pages);
-      pool->set_used_pages(s.pool.used_pages);
-      pool->set_page_bytes(s.pool.page_bytes);
-      pool->set_sessions(s.sessions);
-      pool->set_allocation_failures(s.pool.allocation_failures);
-      pool->set_shared_pages(s.pool.shared_pages);
-      pool->set_page_references(s.pool.page_references);
-      pool->set_free_pages(s.pool.capacity_pages - s.pool.used_pages);
-    }
-    resp->set_replica(options_.replica_name);
-    if (!options_.advertise_address.empty()) {
-      resp->set_address(options_.advertise_address);
-    } else {
-      absl::MutexLock lock(&address_mu_);
-      resp->set_address(address_);
-    }
-    for (const PolicyInfo& policy : Policies()) {
-      resp->add_policies(std::string(policy.name));
-      PolicyInfoToProto(policy, resp->add_policy_info());
-    }
-    resp->set_max_sessions(options_.max_sessions);
-    resp->set_max_message_bytes(options_.max_message_bytes);
-    const LeaseOptions& lease = store_->lease_options();
-    resp->set_default_idle_timeout_seconds(absl::ToDoubleSeconds(
-        ResolveIdleTimeout(lease, *t, absl::ZeroDuration())
-            .value_or(absl::ZeroDuration())));
-    resp->set_max_idle_timeout_seconds(
-        absl::ToDoubleSeconds(MaxIdleTimeout(lease, *t)));
-    resp->set_public_prefixes(store_->allow_public_prefixes());
-    return absl::OkStatus();
-  });
-}
-
 grpc::ServerUnaryReactor* KvKeepService::CreateSession(
     grpc::CallbackServerContext* ctx, const v1::CreateSessionRequest* req,
     v1::CreateSessionResponse* resp) {
   return Unary(ctx, "CreateSession", [&]() -> absl::Status {
     absl::StatusOr<std::string> tenant = Authenticate(*ctx);
     if (!tenant.ok()) return tenant.status();
+    if (draining()) return DrainingRefusal("CreateSession");
     if (!std::isfinite(req->idle_timeout_seconds())) {
       return absl::InvalidArgumentError(
           absl::StrCat("idle_timeout_seconds must be a finite number, not ",
@@ -286,6 +242,7 @@ grpc::ServerUnaryReactor* KvKeepService::ForkSession(
   return Unary(ctx, "ForkSession", [&]() -> absl::Status {
     absl::StatusOr<SessionId> parent = CallerSession(*ctx, req->session_id());
     if (!parent.ok()) return parent.status();
+    if (draining()) return DrainingRefusal("ForkSession");
     absl::StatusOr<ForkSpec> spec = ForkSpecFromProto(*req);
     if (!spec.ok()) return spec.status();
     absl::StatusOr<SessionId> id = store_->ForkSession(*parent, *spec);
@@ -627,7 +584,7 @@ class DecodeReactor final
     const AppendRequest append = AppendFromProto(step_.append(), layers_);
     if (absl::Status s = service_->store().Step(*id, append, scores_, outcome_);
         !s.ok()) {
-      return s;
+      return service_->WhereItWent(*id, s);
     }
     service_->events().RecordWork(*id, outcome_.append, outcome_.scores);
     // Cleared in place: DecodeStepResult::Clear() would delete both

@@ -10,6 +10,7 @@
 #ifndef KVKEEP_SERVICES_KVKEEPD_KVKEEP_SERVICE_H_
 #define KVKEEP_SERVICES_KVKEEPD_KVKEEP_SERVICE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -164,6 +165,27 @@ class KvKeepService final : public v1::KvKeep::CallbackService {
   // Returns once every TransferSession call is answered: the server may
   // then go (a call finished after it would use its freed queue).
   void DrainTransfers(absl::Time deadline) { transfers_.Drain(deadline); }
+  // Sends session `transfer.id` (of `tenant`) away, and once it committed
+  // remembers the move (MovedSessions), publishes and logs it; then calls
+  // `done` with the outcome (its status naming the transfer) and the
+  // session's new id (empty on failure), on the transfer's thread.
+  void Send(
+      OutgoingTransfer transfer, std::string tenant,
+      std::function<void(const TransferOutcome&, const std::string& new_id)>
+          done);
+
+  // The drain (fleet_drain.h): from StartDraining on, CreateSession and
+  // ForkSession (and PublishPrefix) are refused UNAVAILABLE with the
+  // trailing metadata kvkeep-draining, and ServerInfo says `draining`.
+  void StartDraining() { draining_.store(true); }
+  bool draining() const { return draining_.load(); }
+  // The UNAVAILABLE a draining replica answers `method` with.
+  absl::Status DrainingRefusal(absl::string_view method) const;
+  // A failed operation on session `id` as its caller should hear it: the
+  // move's NOT_FOUND (MovedSessions::NotFound) if the session left while
+  // the caller held it (a Decode stream), else `status` unchanged.
+  absl::Status WhereItWent(SessionId id, const absl::Status& status) const;
+
   // ReceiveSession is registered raw in the constructor (the transfer
   // module's receiver reads chunks in place): the typed override is unused.
 
@@ -231,6 +253,7 @@ class KvKeepService final : public v1::KvKeep::CallbackService {
   CacheStore* const store_;
   const ServiceOptions options_;
   MovedSessions moved_;
+  std::atomic<bool> draining_{false};
   mutable absl::Mutex address_mu_;
   std::string address_ ABSL_GUARDED_BY(address_mu_);
   // Before transfers_: their callbacks publish.

@@ -21,6 +21,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cache_store/cache_store.h"
@@ -100,6 +101,10 @@ ABSL_FLAG(std::string, replica_name, "",
 ABSL_FLAG(std::string, advertise_address, "",
           "host:port other replicas and clients reach this one at "
           "(ServerInfo.address)");
+ABSL_FLAG(std::string, fleet_peers, "",
+          "the fleet's replicas a SIGTERM moves sessions to: one gRPC target "
+          "(dns:///kvkeepd-fleet:50051) or host:port,host:port "
+          "(fleet.peers; docs/fleet.md)");
 ABSL_FLAG(bool, exit_after_start, false,
           "exit 0 once serving has started (a smoke test of the start-up)");
 
@@ -165,6 +170,9 @@ absl::StatusOr<ServerConfig> LoadConfig() {
   set_string(FLAGS_peer_ca, config.peers.ca_file);
   set_string(FLAGS_replica_name, config.replica_name);
   set_string(FLAGS_advertise_address, config.advertise_address);
+  if (std::string p = absl::GetFlag(FLAGS_fleet_peers); !p.empty()) {
+    config.fleet.peers = absl::StrSplit(p, ',', absl::SkipEmpty());
+  }
   if (config.replica_name.empty()) {
     char host[256] = {};
     if (gethostname(host, sizeof(host) - 1) != 0) {
@@ -359,8 +367,16 @@ int Main(int argc, char** argv) {
 
   int sig = SIGTERM;
   if (!absl::GetFlag(FLAGS_exit_after_start)) sigwait(&signals, &sig);
-  std::printf("kvkeepd: signal %d: draining (up to %.1fs)\n", sig,
-              config->drain_seconds);
+  if (!config->fleet.peers.empty()) {
+    std::printf(
+        "kvkeepd: signal %d: moving sessions to peers (up to %.1fs), then "
+        "draining (up to %.1fs)\n",
+        sig, config->fleet.move_seconds + config->fleet.linger_seconds,
+        config->drain_seconds);
+  } else {
+    std::printf("kvkeepd: signal %d: draining (up to %.1fs)\n", sig,
+                config->drain_seconds);
+  }
   std::fflush(stdout);
   (*server)->Stop(absl::Seconds(config->drain_seconds));
   server->reset();  // then the rest, in KvKeepServer's order

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/cord.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "services/common/fleet_names.h"
 
@@ -53,10 +54,19 @@ absl::Status MovedSessions::NotFound(const std::string& id, const Move& move) {
 std::vector<std::pair<std::string, std::string>> MovedSessions::MovedMetadata(
     const absl::Status& status) {
   std::vector<std::pair<std::string, std::string>> metadata;
-  for (const char* key : {kMovedToMetadata, kMovedToAddressMetadata}) {
+  for (const char* key :
+       {kMovedToMetadata, kMovedToAddressMetadata, kDrainingMetadata}) {
     if (absl::optional<absl::Cord> value = status.GetPayload(key)) {
       metadata.emplace_back(key, std::string(*value));
     }
+  }
+  // A call the store refused because its session is frozen for a transfer
+  // (CacheStore's "... is being transferred to another store"): it changed
+  // nothing and may be sent again (a fleet client waits for the move).
+  if (status.code() == absl::StatusCode::kUnavailable &&
+      absl::StrContains(status.message(),
+                        " is being transferred to another store")) {
+    metadata.emplace_back(kMovingMetadata, "1");
   }
   return metadata;
 }

@@ -49,8 +49,9 @@ class MovedSessions {
   // move in its payload (kMovedToMetadata, kMovedToAddressMetadata) for
   // MovedMetadata to copy into the call's trailing metadata.
   static absl::Status NotFound(const std::string& id, const Move& move);
-  // The (key, value) trailing metadata `status` asks for: empty unless it
-  // is NotFound's.
+  // The (key, value) trailing metadata `status` asks for: NotFound's move,
+  // a draining replica's refusal (kvkeep-draining), a call refused because
+  // its session is frozen for a transfer (kvkeep-moving); else none.
   static std::vector<std::pair<std::string, std::string>> MovedMetadata(
       const absl::Status& status);
 

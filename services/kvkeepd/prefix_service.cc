@@ -14,6 +14,7 @@ grpc::ServerUnaryReactor* KvKeepService::PublishPrefix(
   return Unary(ctx, "PublishPrefix", [&]() -> absl::Status {
     absl::StatusOr<SessionId> id = CallerSession(*ctx, req->session_id());
     if (!id.ok()) return id.status();
+    if (draining()) return DrainingRefusal("PublishPrefix");
     absl::StatusOr<std::string> tenant = Authenticate(*ctx);
     if (!tenant.ok()) return tenant.status();
     absl::StatusOr<PrefixInfo> info = store_->PublishPrefix(

@@ -313,6 +313,12 @@ absl::Status ValidateConfig(const ServerConfig& config) {
           "-byte page = ", one_token, " bytes): no session could be used"));
     }
   }
+  if (config.fleet.move_parallelism < 1 || !(config.fleet.move_seconds >= 0) ||
+      !(config.fleet.linger_seconds >= 0)) {
+    return absl::InvalidArgumentError(
+        "fleet: move_parallelism must be >= 1, move_seconds and "
+        "linger_seconds >= 0");
+  }
   if (!config.replica_name.empty()) {
     if (absl::Status s = CheckReplicaName(config.replica_name); !s.ok()) {
       return absl::InvalidArgumentError(
@@ -472,7 +478,8 @@ absl::Status ApplyConfigJson(absl::string_view text, ServerConfig& config) {
                                     "transfer_resolve_seconds",
                                     "session_idle_timeout_seconds",
                                     "replica_name",
-                                    "advertise_address"}));
+                                    "advertise_address",
+                                    "fleet"}));
   KVKEEP_RETURN_IF_ERROR(Read(j, "metrics_session_series", "config",
                               config.metrics_session_series));
   if (config.metrics_session_series < 0) {
@@ -532,6 +539,19 @@ absl::Status ApplyConfigJson(absl::string_view text, ServerConfig& config) {
     KVKEEP_RETURN_IF_ERROR(
         Read(*it, "identities", "peers", config.peers.identities));
     KVKEEP_RETURN_IF_ERROR(Read(*it, "ca_file", "peers", config.peers.ca_file));
+  }
+  if (auto it = j.find("fleet"); it != j.end()) {
+    FleetConfig& fleet = config.fleet;
+    KVKEEP_RETURN_IF_ERROR(CheckKeys(
+        *it, "fleet",
+        {"peers", "move_seconds", "move_parallelism", "linger_seconds"}));
+    KVKEEP_RETURN_IF_ERROR(Read(*it, "peers", "fleet", fleet.peers));
+    KVKEEP_RETURN_IF_ERROR(
+        Read(*it, "move_seconds", "fleet", fleet.move_seconds));
+    KVKEEP_RETURN_IF_ERROR(
+        Read(*it, "move_parallelism", "fleet", fleet.move_parallelism));
+    KVKEEP_RETURN_IF_ERROR(
+        Read(*it, "linger_seconds", "fleet", fleet.linger_seconds));
   }
   if (auto it = j.find("tls"); it != j.end()) {
     KVKEEP_RETURN_IF_ERROR(

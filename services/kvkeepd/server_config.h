@@ -60,6 +60,23 @@ struct PeerConfig {
 // configured tenant may be called so.
 inline constexpr char kSelfCheckTenant[] = "kvkeepd-self-check";
 
+// A replica's drain by migration (docs/fleet.md): on SIGTERM it moves
+// its sessions to `peers` before it stops.
+struct FleetConfig {
+  // The fleet's replicas: one gRPC target that resolves to all of them
+  // ("dns:///kvkeepd-fleet:50051", the headless Service), or each one's
+  // host:port. This replica, found among them by name, is skipped. Empty:
+  // no drain by migration (sessions end with the process).
+  std::vector<std::string> peers;
+  // How long a drain may move sessions (each move's deadline), and how
+  // many it moves at once (at least 1).
+  double move_seconds = 30;
+  int64_t move_parallelism = 4;
+  // After the moves, how long the replica still answers (calls on moved
+  // sessions are redirected) before the gRPC drain (drain_seconds) starts.
+  double linger_seconds = 2;
+};
+
 struct ServerConfig {
   std::string listen = "127.0.0.1:50051";
   // The /metrics HTTP endpoint, "host:port"; "off": none (the registry and
@@ -124,6 +141,7 @@ struct ServerConfig {
   // ServerInfo (e.g. "$(POD_NAME).kvkeep-fleet:50051"); empty: none.
   std::string replica_name;
   std::string advertise_address;
+  FleetConfig fleet;
 };
 
 // A replica name from a host name: its first label, lowercased; an error

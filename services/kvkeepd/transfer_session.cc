@@ -87,43 +87,63 @@ grpc::ServerUnaryReactor* KvKeepService::TransferSession(
   transfer.deadline = absl::FromChrono(ctx->deadline());
   transfer.cancel = reactor->cancel();
   const std::string target = req->target();
+  Send(std::move(transfer), *std::move(tenant),
+       [this, ctx, reactor, resp](const TransferOutcome& outcome,
+                                  const std::string& new_id) {
+         // The transfer id, also when this store made it and the transfer
+         // failed.
+         ctx->AddTrailingMetadata(kTransferIdMetadata, outcome.transfer_id);
+         if (!outcome.status.ok()) {
+           reactor->Finish(Finish("TransferSession", outcome.status));
+           return;
+         }
+         resp->set_session_id(new_id);
+         resp->set_transfer_id(outcome.transfer_id);
+         resp->set_transport(std::string(TransportName(outcome.transport)));
+         resp->set_bytes(outcome.bytes);
+         resp->set_seconds(absl::ToDoubleSeconds(outcome.duration));
+         reactor->Finish(grpc::Status::OK);
+       });
+  return reactor;
+}
+
+void KvKeepService::Send(
+    OutgoingTransfer transfer, std::string tenant,
+    std::function<void(const TransferOutcome&, const std::string& new_id)>
+        done) {
+  const SessionId id = transfer.id;
+  const std::string target = transfer.target;
   // What the moved-out event says of it, read before it moves.
   v1::SessionEvent moved;
-  if (absl::StatusOr<SessionStats> s = store_->GetStats(*id, false); s.ok()) {
+  if (absl::StatusOr<SessionStats> s = store_->GetStats(id, false); s.ok()) {
     moved = SessionEventOf(*s);
   }
   moved.set_peer(target);
-  transfers_.Send(std::move(transfer), [this, ctx, id = *id, target, reactor,
-                                        resp, tenant = *std::move(tenant),
-                                        moved = std::move(moved)](
+  transfers_.Send(std::move(transfer), [this, id, target,
+                                        tenant = std::move(tenant),
+                                        moved = std::move(moved),
+                                        done = std::move(done)](
                                            const TransferOutcome& outcome) {
-    // The transfer id, also when this store made it and the transfer failed.
-    ctx->AddTrailingMetadata(kTransferIdMetadata, outcome.transfer_id);
     if (!outcome.status.ok()) {
-      absl::Status status = outcome.status;
-      if (!absl::StrContains(status.message(), outcome.transfer_id)) {
-        status = absl::Status(
-            status.code(), absl::StrCat("transfer ", outcome.transfer_id, ": ",
-                                        status.message()));
+      TransferOutcome named = outcome;
+      if (!absl::StrContains(named.status.message(), outcome.transfer_id)) {
+        named.status = absl::Status(
+            named.status.code(), absl::StrCat("transfer ", outcome.transfer_id,
+                                              ": ", named.status.message()));
       }
-      reactor->Finish(Finish("TransferSession", status));
+      done(named, "");
       return;
     }
     // Calls on the old id here are redirected from now on (docs/fleet.md).
     moved_.Add(id, MovedSessions::Move{tenant, outcome.target_replica, target});
-    resp->set_session_id(FleetSessionId(outcome.target_replica, id));
-    resp->set_transfer_id(outcome.transfer_id);
-    resp->set_transport(std::string(TransportName(outcome.transport)));
-    resp->set_bytes(outcome.bytes);
-    resp->set_seconds(absl::ToDoubleSeconds(outcome.duration));
+    const std::string new_id = FleetSessionId(outcome.target_replica, id);
     events_.SessionEnded(v1::EVENT_SESSION_MOVED_OUT, id, moved);
     LogEvent("transfer",
              absl::StrCat("session=", SessionIdOf(id), " target=", target,
-                          " new_id=", resp->session_id(), " transfer=",
-                          outcome.transfer_id, " bytes=", outcome.bytes));
-    reactor->Finish(grpc::Status::OK);
+                          " new_id=", new_id, " transfer=", outcome.transfer_id,
+                          " bytes=", outcome.bytes));
+    done(outcome, new_id);
   });
-  return reactor;
 }
 
 }  // namespace kvkeep

@@ -51,4 +51,35 @@ void TransferMetrics::Record(const std::string& transport, bool outgoing,
       .Observe(absl::ToDoubleSeconds(duration));
 }
 
+DrainMetrics::DrainMetrics(prometheus::Registry& registry)
+    : sessions_(prometheus::BuildCounter()
+                    .Name("kvkeep_drain_sessions_total")
+                    .Help("Sessions a drain (SIGTERM) moved to peers "
+                          "(outcome=moved) or could not (outcome=unmoved)")
+                    .Register(registry)),
+      draining_(prometheus::BuildGauge()
+                    .Name("kvkeep_draining")
+                    .Help("1 while this replica drains (from SIGTERM on)")
+                    .Register(registry)
+                    .Add({})),
+      seconds_(prometheus::BuildGauge()
+                   .Name("kvkeep_drain_duration_seconds")
+                   .Help("How long the last drain took to move its sessions")
+                   .Register(registry)
+                   .Add({})) {
+  for (const char* outcome : {"moved", "unmoved"}) {
+    sessions_.Add({{"outcome", outcome}});
+  }
+}
+
+void DrainMetrics::Started() { draining_.Set(1); }
+
+void DrainMetrics::Finished(int64_t moved, int64_t unmoved,
+                            absl::Duration duration) {
+  sessions_.Add({{"outcome", "moved"}}).Increment(static_cast<double>(moved));
+  sessions_.Add({{"outcome", "unmoved"}})
+      .Increment(static_cast<double>(unmoved));
+  seconds_.Set(absl::ToDoubleSeconds(duration));
+}
+
 }  // namespace kvkeep

@@ -197,6 +197,10 @@ def check_fleet(p, workload, pod_labels, services, flags, fields, grpc_port):
             f"--replica_name={replica!r}: a fleet's replica name must be the "
             "pod's name, $(VAR) of an env var from the downward API "
             "(fieldRef metadata.name)")
+    peers = raw.get("fleet_peers") or ""
+    p.check(peers == f"dns:///{service_name}:{grpc_port}",
+            f"--fleet_peers={peers!r}: a draining replica finds its peers "
+            f"through the headless Service, dns:///{service_name}:{grpc_port}")
     advertise = raw.get("advertise_address") or ""
     want = f"{replica}.{service_name}"
     host, _, port = advertise.rpartition(":")
@@ -441,14 +445,16 @@ def check_k8s(opts):
             f"terminationGracePeriodSeconds {grace} <= drain_seconds {drain} "
             f"+ preStop pause {pause}: kvkeepd would be killed mid-drain")
     if fleet:
-        # A draining replica moves its sessions away; the last move begun
-        # may take its whole time limit.
-        timeout = float(effective("transfer_timeout_seconds", 300))
-        p.check(grace > drain + pause + timeout,
-                f"terminationGracePeriodSeconds {grace} <= drain_seconds "
-                f"{drain} + preStop pause {pause} + transfer_timeout_seconds "
-                f"{timeout}: a replica could be killed while moving a "
-                "session away")
+        # A draining replica moves its sessions away (fleet_drain.h): every
+        # move ends by fleet.move_seconds, then it lingers, then drains.
+        fleet_config = config.get("fleet", {})
+        move = float(fleet_config.get("move_seconds", 30))
+        linger = float(fleet_config.get("linger_seconds", 2))
+        p.check(grace > pause + move + linger + drain,
+                f"terminationGracePeriodSeconds {grace} <= preStop pause "
+                f"{pause} + fleet.move_seconds {move} + fleet.linger_seconds "
+                f"{linger} + drain_seconds {drain}: a replica could be killed "
+                "while moving its sessions away")
 
     # Memory: the pool is backed as it fills, so the limit must hold all of
     # it.

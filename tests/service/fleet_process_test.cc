@@ -11,7 +11,6 @@
 // Waits have a generous limit only so that a hang fails the test; no test
 // measures time.
 #include <csignal>
-#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
@@ -48,19 +47,13 @@ constexpr char kConfig[] =
         "pool_pages": 256}]})";
 const char* const kNames[] = {"fleet-a", "fleet-b", "fleet-c"};
 
-std::string WriteFile(const std::string& name, const std::string& text) {
-  const std::string path =
-      absl::StrCat(::testing::TempDir(), "/", name, "_", getpid());
-  std::ofstream(path) << text;
-  return path;
-}
-
 class FleetTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string config = WriteFile("fleet.json", kConfig);
-    const std::string token =
-        WriteFile("fleet_peer", "fleet-process-test-peer-token\n");
+    const std::string config =
+        child_process::WriteTempFile("fleet.json", kConfig);
+    const std::string token = child_process::WriteTempFile(
+        "fleet_peer", "fleet-process-test-peer-token\n");
     client::FleetOptions options;
     for (const char* name : kNames) {
       absl::StatusOr<ServingChild> d = child_process::StartServing(

@@ -52,23 +52,6 @@ using Json = nlohmann::json;
 constexpr char kPrometheus[] = "/usr/bin/prometheus";
 constexpr absl::Duration kPatience = absl::Seconds(120);
 
-// A free loopback port (bound, read and released: another process could
-// take it in between, which the test would report as a start-up failure).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
 // Polls `done` every 100 ms until it returns true or kPatience runs out.
 bool Eventually(const std::function<bool()>& done) {
   const absl::Time deadline = absl::Now() + kPatience;
@@ -147,7 +130,8 @@ class PrometheusTest : public ::testing::Test {
                                              "  scrape_interval: 250ms\n"
                                              "  evaluation_interval: 250ms\n",
                                              rest));
-    prometheus_address_ = absl::StrCat("127.0.0.1:", FreePort());
+    prometheus_address_ =
+        absl::StrCat("127.0.0.1:", child_process::FreeLoopbackPort());
     absl::StatusOr<std::unique_ptr<Child>> prometheus = Child::Spawn(
         {kPrometheus, "--config.file=" + prometheus_config,
          "--storage.tsdb.path=" + (dir_ / "data").string(),

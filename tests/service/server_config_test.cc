@@ -250,6 +250,27 @@ TEST(ServerConfigTest, PeersKeys) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("unknown key 'tokn'"));
 }
 
+TEST(ServerConfigTest, FleetPeersAndDrainKeys) {
+  ServerConfig c = DefaultConfig();
+  EXPECT_TRUE(c.fleet.peers.empty());
+  ASSERT_TRUE(Apply(R"({"fleet": {"peers": ["dns:///kvkeepd-fleet:50051"],
+                                  "move_seconds": 20, "move_parallelism": 8,
+                                  "linger_seconds": 1.5}})",
+                    c)
+                  .ok());
+  EXPECT_THAT(c.fleet.peers,
+              ::testing::ElementsAre("dns:///kvkeepd-fleet:50051"));
+  EXPECT_EQ(c.fleet.move_seconds, 20);
+  EXPECT_EQ(c.fleet.move_parallelism, 8);
+  EXPECT_EQ(c.fleet.linger_seconds, 1.5);
+  EXPECT_TRUE(ValidateConfig(c).ok());
+  c.fleet.move_parallelism = 0;
+  EXPECT_THAT(std::string(ValidateConfig(c).message()),
+              HasSubstr("fleet: move_parallelism must be >= 1"));
+  const absl::Status s = Apply(R"({"fleet": {"peer": []}})", c);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("unknown key 'peer'"));
+}
+
 TEST(ServerConfigTest, APeerTokenFileIsReadAndTrimmed) {
   const std::string path = ::testing::TempDir() + "/server_config_peer_token";
   std::ofstream(path) << "  a-long-enough-peer-token\n";

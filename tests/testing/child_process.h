@@ -6,14 +6,18 @@
 #ifndef KVKEEP_TESTS_TESTING_CHILD_PROCESS_H_
 #define KVKEEP_TESTS_TESTING_CHILD_PROCESS_H_
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -247,6 +251,36 @@ inline absl::StatusOr<ServingChild> StartServing(
         std::string(absl::StripSuffix(m->substr(kMetrics.size()), "/metrics"));
   }
   return d;
+}
+
+// Writes `text` to a file named `name` (and this process's id) in the
+// test's temporary directory, for a child's --config and the like; returns
+// its path.
+inline std::string WriteTempFile(const std::string& name,
+                                 const std::string& text) {
+  const std::string path =
+      absl::StrCat(::testing::TempDir(), "/", name, "_", getpid());
+  std::ofstream(path) << text;
+  return path;
+}
+
+// A free loopback port (bound, read and released: another process could
+// take it in between, which a test would report as a start-up failure).
+// For a server that must come back on the same port, or whose address its
+// peers need before it starts.
+inline int FreeLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
 }
 
 inline std::string DescribeWaitStatus(int status) {

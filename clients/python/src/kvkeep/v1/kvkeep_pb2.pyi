@@ -98,7 +98,7 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("version", "backend", "layouts", "pools", "policies", "max_sessions", "max_message_bytes", "policy_info", "default_idle_timeout_seconds", "max_idle_timeout_seconds", "replica", "address", "public_prefixes")
+    __slots__ = ("version", "backend", "layouts", "pools", "policies", "max_sessions", "max_message_bytes", "policy_info", "default_idle_timeout_seconds", "max_idle_timeout_seconds", "replica", "address", "public_prefixes", "draining")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     LAYOUTS_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +112,7 @@ class ServerInfo(_message.Message):
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PUBLIC_PREFIXES_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     version: str
     backend: str
     layouts: _containers.RepeatedCompositeFieldContainer[Layout]
@@ -125,7 +126,8 @@ class ServerInfo(_message.Message):
     replica: str
     address: str
     public_prefixes: bool
-    def __init__(self, version: _Optional[str] = ..., backend: _Optional[str] = ..., layouts: _Optional[_Iterable[_Union[Layout, _Mapping]]] = ..., pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ..., policies: _Optional[_Iterable[str]] = ..., max_sessions: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., policy_info: _Optional[_Iterable[_Union[PolicyInfo, _Mapping]]] = ..., default_idle_timeout_seconds: _Optional[float] = ..., max_idle_timeout_seconds: _Optional[float] = ..., replica: _Optional[str] = ..., address: _Optional[str] = ..., public_prefixes: _Optional[bool] = ...) -> None: ...
+    draining: bool
+    def __init__(self, version: _Optional[str] = ..., backend: _Optional[str] = ..., layouts: _Optional[_Iterable[_Union[Layout, _Mapping]]] = ..., pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ..., policies: _Optional[_Iterable[str]] = ..., max_sessions: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., policy_info: _Optional[_Iterable[_Union[PolicyInfo, _Mapping]]] = ..., default_idle_timeout_seconds: _Optional[float] = ..., max_idle_timeout_seconds: _Optional[float] = ..., replica: _Optional[str] = ..., address: _Optional[str] = ..., public_prefixes: _Optional[bool] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class PolicyInfo(_message.Message):
     __slots__ = ("name", "summary", "input", "accepts_probabilities", "accepts_queries", "params", "budget_rule")
