@@ -438,6 +438,33 @@ TEST_F(TiersTest, AnUnwritableDirectoryLeavesTheSessionWhereItWas) {
   std::filesystem::remove(dir_);
 }
 
+// A full disk: the session's file is written through a link to /dev/full
+// (every write fails ENOSPC), placed where the tier writes its temporary
+// file. RESOURCE_EXHAUSTED naming the disk; the session stays in the pool
+// and nothing is left in the directory.
+TEST_F(TiersTest, AFullDiskLeavesTheSessionWhereItWas) {
+  if (!std::filesystem::exists("/dev/full")) {
+    GTEST_SKIP() << "no /dev/full on this machine";
+  }
+  KV_ASSIGN_OR_FAIL(const SessionId id, Open());
+  KV_ASSERT_OK(Append(id, 0, 9, 1).status());
+  const std::string temp = absl::StrCat(dir_, "/", SessionName(id), ".kvt.tmp");
+  std::filesystem::create_symlink("/dev/full", temp);
+  ExpectError(store_->Demote(id), absl::StatusCode::kResourceExhausted,
+              {"disk tier: cannot write", "stays in the pool"});
+  EXPECT_EQ(Where(id), Tier::kPool);
+  EXPECT_EQ(UsedPages(), 6);
+  EXPECT_EQ(Tiers().failed_moves, 1);
+  EXPECT_EQ(Tiers().moves_down, 0);
+  KV_ASSERT_OK(store_->ReadLayer(id, 0).status());
+  EXPECT_TRUE(std::filesystem::is_empty(dir_));
+  // With room again, the same session moves down and back.
+  KV_ASSERT_OK(store_->Demote(id));
+  EXPECT_EQ(Where(id), Tier::kDisk);
+  KV_ASSERT_OK(store_->ReadLayer(id, 0).status());
+  EXPECT_EQ(Where(id), Tier::kPool);
+}
+
 TEST_F(TiersTest, SessionsSharingPagesStayInThePool) {
   KV_ASSIGN_OR_FAIL(const SessionId parent, Open());
   KV_ASSERT_OK(Append(parent, 0, 8, 1).status());

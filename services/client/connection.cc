@@ -77,7 +77,23 @@ bool Connection::FollowMove(const grpc::ClientContext& context) const {
   if (!channel.ok()) return false;  // the caller sees the moved NOT_FOUND
   absl::MutexLock lock(&route_mu_);
   stubs_.push_back(v1::KvKeep::NewStub(*channel));
+  const std::string address = TrailingValue(context, kMovedToAddressMetadata);
+  route_ = Route{*channel, to, address.empty() ? route_.address : address};
   return true;
+}
+
+std::shared_ptr<Connection> Connection::ForSession(
+    const std::shared_ptr<Connection>& shared) {
+  if (shared->redirect_ == nullptr) return shared;
+  const Route route = shared->CurrentRoute();
+  ClientOptions options = shared->options_;
+  options.address = route.address;
+  auto own = std::make_shared<Connection>(std::move(options), route.channel,
+                                          shared->redirect_, route.replica);
+  absl::MutexLock lock(&shared->mu_);
+  // Layouts and limits are a fleet's own: the same on every replica.
+  if (shared->info_.has_value()) own->SeedServerInfo(*shared->info_);
+  return own;
 }
 
 bool Connection::WaitWhileMoving(const grpc::ClientContext& context,

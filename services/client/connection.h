@@ -77,6 +77,7 @@ class Connection {
         redirect_(std::move(redirect)),
         replica_(std::move(replica)) {
     stubs_.push_back(v1::KvKeep::NewStub(channel_));
+    route_ = Route{channel_, replica_, options_.address};
   }
 
   const ClientOptions& options() const { return options_; }
@@ -118,6 +119,14 @@ class Connection {
     }
   }
 
+  // A connection of its own for one session's handle, at `shared`'s current
+  // replica, with its options, redirects and cached ServerInfo: a handle
+  // that follows its session's move must not take other sessions' handles
+  // with it (a fork stays on the replica where it was made). A connection
+  // that does not follow moves is shared as it is.
+  static std::shared_ptr<Connection> ForSession(
+      const std::shared_ptr<Connection>& shared);
+
   // Runs attempt(context, attempt_number) with a fresh context per attempt,
   // retrying UNAVAILABLE as `retry` and the options allow.
   template <typename Attempt>
@@ -147,11 +156,13 @@ class Connection {
           retry == Retry::kNo || n > options_.retries) {
         if (status.code() == absl::StatusCode::kUnavailable &&
             (n > 1 || !replica_.empty())) {
+          const Route route = CurrentRoute();
           return absl::UnavailableError(absl::StrCat(
               method, " to ",
-              replica_.empty() ? ""
-                               : absl::StrCat("replica ", replica_, " at "),
-              options_.address, " failed after ", n,
+              route.replica.empty()
+                  ? ""
+                  : absl::StrCat("replica ", route.replica, " at "),
+              route.address, " failed after ", n,
               n == 1 ? " attempt: " : " attempts: ", status.message()));
         }
         return status;
@@ -175,6 +186,17 @@ class Connection {
   absl::StatusOr<v1::ServerInfo> GetServerInfo() const;
 
  private:
+  // Where calls go now: the replica (empty outside a fleet) and its address,
+  // moved by FollowMove.
+  struct Route {
+    std::shared_ptr<grpc::Channel> channel;
+    std::string replica;
+    std::string address;
+  };
+  Route CurrentRoute() const ABSL_LOCKS_EXCLUDED(route_mu_) {
+    absl::MutexLock lock(&route_mu_);
+    return route_;
+  }
   static std::optional<v1::Layout> Lookup(const v1::ServerInfo& info,
                                           const std::string& name);
 
@@ -186,6 +208,7 @@ class Connection {
   // The current stub last; earlier ones (before a redirect) stay alive.
   mutable std::vector<std::unique_ptr<v1::KvKeep::Stub>> stubs_
       ABSL_GUARDED_BY(route_mu_);
+  mutable Route route_ ABSL_GUARDED_BY(route_mu_);
   mutable absl::Mutex mu_;
   // Layouts and limits do not change while a server runs.
   mutable std::optional<v1::ServerInfo> info_ ABSL_GUARDED_BY(mu_);

@@ -558,7 +558,7 @@ absl::StatusOr<Session> Session::Fork(v1::ForkSessionRequest request) const {
       });
   if (!s.ok()) return s;
   return Session(
-      connection_, response.session_id(), layout_,
+      Connection::ForSession(connection_), response.session_id(), layout_,
       {response.layer_budgets().begin(), response.layer_budgets().end()},
       max_message_bytes_);
 }
@@ -607,8 +607,9 @@ absl::StatusOr<Session> KvKeepClient::MakeSession(
         absl::StrCat("session ", id, " has layout '", layout_name,
                      "', which the server's ServerInfo does not list"));
   }
-  return Session(connection_, std::move(id), *std::move(info->layout),
-                 std::move(budgets), info->max_message_bytes);
+  return Session(Connection::ForSession(connection_), std::move(id),
+                 *std::move(info->layout), std::move(budgets),
+                 info->max_message_bytes);
 }
 
 absl::StatusOr<Session> KvKeepClient::CreateSession(

@@ -50,14 +50,17 @@ constexpr int kSessions = 64;
 constexpr int kThreads = 8;
 constexpr int kPromptTokens = 12;
 constexpr int kBudgetTokens = 16;
-// 2 layers of 4-token pages; a session holds at most 2 x 5 pages.
+// 2 layers of 4-token pages; a session holds at most 2 x 5 pages. The
+// linger is what a moved session's handle has to make its next call and
+// follow the move: 6 s, twice what an ASan build on a loaded machine needs
+// for a round of 8 sessions per thread.
 constexpr char kConfig[] =
     R"({"layouts": [{"name": "m", "num_layers": 2, "kv_heads": 2,
         "query_heads": 4, "head_dim": 8, "dtype": "f32", "page_tokens": 4,
         "pool_pages": 512}],
         "drain_seconds": 5,
         "fleet": {"move_seconds": 60, "move_parallelism": 4,
-                  "linger_seconds": 3}})";
+                  "linger_seconds": 6}})";
 const char* const kNames[] = {"fleet-a", "fleet-b", "fleet-c"};
 
 // Per layer: what one step did, without page ids (only they may differ

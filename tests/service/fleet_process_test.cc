@@ -237,6 +237,36 @@ TEST_F(FleetTest, AMovedSessionRedirectsAndTheClientFollowsIt) {
             absl::StatusCode::kNotFound);
 }
 
+// Each handle follows its own session: a parent that moves takes none of
+// the handles made from it along. Its fork, and a second session made
+// through the same replica's client, stay on the replica where they are.
+TEST_F(FleetTest, AHandleFollowsOnlyItsOwnSession) {
+  absl::StatusOr<client::KvKeepClient> a = fleet_->Replica("fleet-a");
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<client::Session> parent = a->CreateSession(Request());
+  absl::StatusOr<client::Session> sibling = a->CreateSession(Request());
+  ASSERT_TRUE(parent.ok() && sibling.ok());
+  ASSERT_TRUE(Fill(*parent, 0, 8).ok());
+  ASSERT_TRUE(Fill(*sibling, 0, 4).ok());
+  absl::StatusOr<client::Session> child = parent->Fork({});
+  ASSERT_TRUE(child.ok()) << child.status();
+
+  v1::TransferSessionRequest move;
+  move.set_session_id(parent->id());
+  move.set_target(daemons_[1].address);
+  ASSERT_TRUE(a->TransferSession(move).ok());
+  absl::StatusOr<v1::SessionStats> moved = parent->Stats();  // follows it
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(ParseFleetSessionId(moved->session_id())->replica, "fleet-b");
+
+  for (client::Session* s : {&*child, &*sibling}) {
+    absl::StatusOr<v1::SessionStats> stats = s->Stats();
+    ASSERT_TRUE(stats.ok()) << s->id() << ": " << stats.status();
+    EXPECT_EQ(stats->session_id(), s->id());
+    EXPECT_TRUE(Fill(*s, 8, 1).ok()) << s->id();
+  }
+}
+
 TEST_F(FleetTest, AKilledReplicaIsNamedAndTheOthersAreUntouched) {
   std::vector<client::Session> sessions;
   for (const char* name : kNames) {
