@@ -82,8 +82,8 @@ bool Connection::FollowMove(const grpc::ClientContext& context) const {
   return true;
 }
 
-std::shared_ptr<Connection> Connection::ForSession(
-    const std::shared_ptr<Connection>& shared) {
+std::shared_ptr<const Connection> Connection::ForSession(
+    const std::shared_ptr<const Connection>& shared) {
   if (shared->redirect_ == nullptr) return shared;
   const Route route = shared->CurrentRoute();
   ClientOptions options = shared->options_;

@@ -124,8 +124,8 @@ class Connection {
   // that follows its session's move must not take other sessions' handles
   // with it (a fork stays on the replica where it was made). A connection
   // that does not follow moves is shared as it is.
-  static std::shared_ptr<Connection> ForSession(
-      const std::shared_ptr<Connection>& shared);
+  static std::shared_ptr<const Connection> ForSession(
+      const std::shared_ptr<const Connection>& shared);
 
   // Runs attempt(context, attempt_number) with a fresh context per attempt,
   // retrying UNAVAILABLE as `retry` and the options allow.
