@@ -494,9 +494,12 @@ def check_k8s(opts):
             elif name == "peer_token_file" and peer_text is not None:
                 value = str(Path(tmp) / "peer-token")
             args.append(f"--{name}" if value is None else f"--{name}={value}")
+        # Every port free (the overlays' checks run in parallel, and the
+        # config's data socket port is fixed).
         cmd = [opts.kvkeepd] + args + [
             "--exit_after_start", "--self_check=false",
-            "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0"]
+            "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
+            "--transfer_listen=127.0.0.1:0"]
         out = run(cmd, timeout=120)
         device = [a for a in args if a.startswith("--device=cuda")]
         if (device and out.returncode == 2
