@@ -31,8 +31,12 @@ kvkeep_build() {
   local dir="$1" targets="$2"
   shift 2
   export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/kvkeep-ccache}"
-  # Paths relative to the checkout, so another clone (CI's) hits the cache.
+  # Paths relative to the checkout, so another clone (CI's, a worktree) hits
+  # the cache; without NOHASHDIR ccache hashes the build folder into every
+  # -g compile (RelWithDebInfo) and no other clone ever hits. The cost: a hit
+  # carries the first clone's folder in its debug info (gdb's source paths).
   export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
+  export CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
   # shellcheck disable=SC2086  # one argument per target
   cmake --build "$dir" --target $targets --parallel "$(nproc)"
