@@ -36,10 +36,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/types/span.h"
 #include "cache_store/cache_store.h"
 #include "cache_store/policy_registry.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/quantize.h"
 #include "tests/test_device.h"
 
 namespace kvkeep {
@@ -110,14 +112,18 @@ std::unique_ptr<CacheStore> MakeStore(const ModelLayout& layout,
   return store.ok() ? *std::move(store) : nullptr;
 }
 
-// The bytes of one token's keys or values in one layer: [kv_heads][head_dim]
-// elements, each a hash of (layer, position, K/V, element). Key elements are
-// finite numbers of moderate size (the store may score queries against them);
-// value elements are any bit pattern.
+// The bytes of one token's keys or values in one layer, as a worker sends
+// them (the layout's input dtype): [kv_heads][head_dim] elements, each a hash
+// of (layer, position, K/V, element). Key elements are finite numbers of
+// moderate size (the store may score queries against them); value elements
+// are any bit pattern, except for a quantised layout, which refuses
+// non-finite input: there they are moderate numbers too.
 std::vector<std::byte> TokenBytes(const ModelLayout& layout, int32_t layer,
                                   int64_t position, bool key) {
+  const DType in = layout.input_dtype();
+  const bool moderate = key || IsQuantized(layout.dtype);
   const int64_t elements = int64_t{layout.kv_heads} * layout.head_dim;
-  const int es = DTypeBytes(layout.dtype);
+  const int es = DTypeBytes(in);
   std::vector<std::byte> bytes(elements * es);
   for (int64_t e = 0; e < elements; ++e) {
     const uint64_t h =
@@ -126,14 +132,14 @@ std::vector<std::byte> TokenBytes(const ModelLayout& layout, int32_t layer,
     const uint64_t exp_pick = (h >> 40) % 12;
     if (es == 4) {
       uint32_t bits = static_cast<uint32_t>(h);
-      if (key) bits = (bits & 0x807fffffu) | ((121u + exp_pick) << 23);
+      if (moderate) bits = (bits & 0x807fffffu) | ((121u + exp_pick) << 23);
       std::memcpy(bytes.data() + e * es, &bits, 4);
     } else {
       uint16_t bits = static_cast<uint16_t>(h);
-      if (key && layout.dtype == DType::kF16) {
+      if (moderate && in == DType::kF16) {
         bits =
             static_cast<uint16_t>((bits & 0x83ffu) | ((9u + exp_pick) << 10));
-      } else if (key) {  // bf16
+      } else if (moderate) {  // bf16
         bits =
             static_cast<uint16_t>((bits & 0x807fu) | ((121u + exp_pick) << 7));
       }
@@ -141,6 +147,51 @@ std::vector<std::byte> TokenBytes(const ModelLayout& layout, int32_t layer,
     }
   }
   return bytes;
+}
+
+// The bytes the store holds for that token: the same bytes, or for a
+// quantised layout the twin's record of them (kernels/quantize.h).
+std::vector<std::byte> StoredTokenBytes(const ModelLayout& layout,
+                                        int32_t layer, int64_t position,
+                                        bool key) {
+  std::vector<std::byte> sent = TokenBytes(layout, layer, position, key);
+  if (!IsQuantized(layout.dtype)) return sent;
+  const PageLayout page = layout.page_layout();
+  std::vector<std::byte> record(page.token_bytes());
+  const QuantizeResult r =
+      QuantizeTokens(page, layout.input_dtype(), sent.data(), 1, record.data());
+  EXPECT_TRUE(r.ok()) << "position " << position;
+  return record;
+}
+
+// A random small layout of any dtype the store holds; a quantised one gets
+// a group size that divides head_dim (even for int4) and an append dtype.
+ModelLayout RandomLayout(Rng& rng, absl::Span<const int32_t> head_dims) {
+  const int32_t query_heads = static_cast<int32_t>(rng.Int(1, 4));
+  const DType dtype =
+      rng.Pick<DType>({DType::kF32, DType::kF16, DType::kBF16, DType::kInt8,
+                       DType::kFp8E4M3, DType::kInt4});
+  std::vector<int32_t> dims;
+  for (int32_t d : head_dims) {
+    if (!IsQuantized(dtype) || d % 2 == 0) dims.push_back(d);
+  }
+  ModelLayout layout = MakeLayout(
+      static_cast<int32_t>(rng.Int(1, 3)), rng.Chance(0.5) ? query_heads : 1,
+      query_heads, dims[rng.Int(0, static_cast<int64_t>(dims.size()) - 1)],
+      dtype, rng.Pick<int32_t>({1, 2, 3, 4, 7, 16}));
+  if (IsQuantized(dtype)) {
+    std::vector<int32_t> groups;
+    for (int32_t g = 1; g <= layout.head_dim; ++g) {
+      if (layout.head_dim % g == 0 && (dtype != DType::kInt4 || g % 2 == 0)) {
+        groups.push_back(g);
+      }
+    }
+    layout.group_size =
+        groups[rng.Int(0, static_cast<int64_t>(groups.size()) - 1)];
+    layout.append_dtype =
+        rng.Pick<DType>({DType::kF32, DType::kF16, DType::kBF16});
+  }
+  return layout;
 }
 
 // An AppendRequest for `positions` on every layer, owning its buffers.
@@ -795,9 +846,9 @@ void CheckSession(CacheStore& store, const Tracked& t,
               resident * token_bytes);
     for (int64_t s = 0; s < resident; ++s) {
       const std::vector<std::byte> k =
-          TokenBytes(layout, l, table->positions[s], true);
+          StoredTokenBytes(layout, l, table->positions[s], true);
       const std::vector<std::byte> v =
-          TokenBytes(layout, l, table->positions[s], false);
+          StoredTokenBytes(layout, l, table->positions[s], false);
       ASSERT_EQ(0, std::memcmp(copy->keys.data() + s * token_bytes, k.data(),
                                token_bytes))
           << "keys of slot " << s << " (position " << table->positions[s]
@@ -881,16 +932,12 @@ std::vector<float> RandomScores(Rng& rng, const ModelLayout& layout,
 // then every session closed.
 void RunInvariantRound(uint64_t seed) {
   Rng rng(Hash({seed, 0x1a7a}));
-  const int32_t query_heads = static_cast<int32_t>(rng.Int(1, 4));
-  const ModelLayout layout = MakeLayout(
-      static_cast<int32_t>(rng.Int(1, 3)), rng.Chance(0.5) ? query_heads : 1,
-      query_heads, rng.Pick<int32_t>({1, 3, 4, 8}),
-      rng.Pick<DType>({DType::kF32, DType::kF16, DType::kBF16}),
-      rng.Pick<int32_t>({1, 2, 3, 4, 7, 16}));
-  SCOPED_TRACE(absl::StrCat(
-      "round seed ", seed, " layers ", layout.num_layers, " heads ",
-      layout.query_heads, "/", layout.kv_heads, " dim ", layout.head_dim, " ",
-      std::string(DTypeName(layout.dtype)), " page ", layout.page_tokens));
+  const ModelLayout layout = RandomLayout(rng, {1, 3, 4, 8});
+  SCOPED_TRACE(absl::StrCat("round seed ", seed, " layers ", layout.num_layers,
+                            " heads ", layout.query_heads, "/", layout.kv_heads,
+                            " dim ", layout.head_dim, " ",
+                            std::string(DTypeName(layout.dtype)), " group ",
+                            layout.group_size, " page ", layout.page_tokens));
   std::unique_ptr<CacheStore> store = MakeStore(layout, 4096);
   ASSERT_NE(store, nullptr);
 
@@ -1132,12 +1179,7 @@ TEST(PolicyInvariantsTest, EvictedPositionsAreAscending) {
 TEST(PolicyInvariantsTest, SnapKvKeepsTheBudgetThenNeverEvicts) {
   for (uint64_t round = 0; round < 120u * Scale(); ++round) {
     Rng rng(Hash({round, 0x5a9}));
-    const int32_t query_heads = static_cast<int32_t>(rng.Int(1, 4));
-    const ModelLayout layout = MakeLayout(
-        static_cast<int32_t>(rng.Int(1, 3)), rng.Chance(0.5) ? query_heads : 1,
-        query_heads, rng.Pick<int32_t>({2, 4, 8}),
-        rng.Pick<DType>({DType::kF32, DType::kF16, DType::kBF16}),
-        rng.Pick<int32_t>({1, 2, 3, 4, 7, 16}));
+    const ModelLayout layout = RandomLayout(rng, {2, 4, 8});
     const int64_t window = rng.Int(1, 12);
     const int64_t kernel = rng.Pick<int64_t>({1, 3, 5, 7});
     Tracked t;
