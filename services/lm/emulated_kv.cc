@@ -130,7 +130,7 @@ absl::Status EmulatedKv::RoundNew(int64_t first, int64_t n) {
       const std::vector<float> y =
           window ? x
           : emulation_.code_bits == 2
-              ? ThroughPerTokenInt(block, 2, emulation_.group_size, x, &bits)
+              ? ThroughPerTokenInt(2, emulation_.group_size, x, &bits)
               : ThroughPerToken(block, emulation_.dtype, emulation_.group_size,
                                 x, &bits);
       if (y.empty()) {

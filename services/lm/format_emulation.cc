@@ -51,8 +51,7 @@ bool RoundGroup(const QuantSpec& spec, Load load, int32_t n, Put put) {
 
 }  // namespace
 
-std::vector<float> ThroughPerTokenInt(const TokenBlock& s, int32_t code_bits,
-                                      int32_t group,
+std::vector<float> ThroughPerTokenInt(int32_t code_bits, int32_t group,
                                       const std::vector<float>& x,
                                       double* bits) {
   const QuantSpec spec{code_bits, false, true};

@@ -33,8 +33,7 @@ std::vector<float> ThroughPerToken(const TokenBlock& s, DType dtype,
 // and a zero point a group, as the store's int4) of `group` consecutive
 // elements of each token; the emulation's int2, which is not a stored
 // format. Bits per element into *bits; empty as above.
-std::vector<float> ThroughPerTokenInt(const TokenBlock& s, int32_t code_bits,
-                                      int32_t group,
+std::vector<float> ThroughPerTokenInt(int32_t code_bits, int32_t group,
                                       const std::vector<float>& x,
                                       double* bits);
 

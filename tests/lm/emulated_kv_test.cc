@@ -206,15 +206,15 @@ TEST(FormatEmulationTest, GenericIntegerGroupsAreTheStoresInt4) {
   const TokenBlock block{5, kKvHeads, kHeadDim};
   double a = 0, b = 0;
   for (int kv = 0; kv < 2; ++kv) {
-    EXPECT_EQ(ThroughPerTokenInt(block, 4, 8, t[0][kv], &a),
+    EXPECT_EQ(ThroughPerTokenInt(4, 8, t[0][kv], &a),
               ThroughPerToken(block, DType::kInt4, 8, t[0][kv], &b));
     EXPECT_EQ(a, b);
   }
   // int2 keeps four levels a group: coarser than int4, finer than nothing.
-  const std::vector<float> y = ThroughPerTokenInt(block, 2, 8, t[0][1], &a);
+  const std::vector<float> y = ThroughPerTokenInt(2, 8, t[0][1], &a);
   EXPECT_EQ(a, 2 + 24.0 / 8);
   double err2 = 0, err4 = 0;
-  const std::vector<float> y4 = ThroughPerTokenInt(block, 4, 8, t[0][1], &b);
+  const std::vector<float> y4 = ThroughPerTokenInt(4, 8, t[0][1], &b);
   for (size_t i = 0; i < y.size(); ++i) {
     err2 += std::fabs(y[i] - t[0][1][i]);
     err4 += std::fabs(y4[i] - t[0][1][i]);
