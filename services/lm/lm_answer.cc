@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numeric>
+#include <string>
 #include <utility>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "services/lm/lm_runs.h"
 
@@ -18,7 +21,7 @@ bool ExactMatch(std::string_view generated, std::string_view answer) {
 
 namespace {
 
-enum class Phase { kPrompt, kPeek, kDecode, kDone };
+enum class Phase { kWaiting, kPrompt, kPeek, kDecode, kDone };
 
 // One (task, run): where it is and what it has to do next.
 struct Lane {
@@ -30,6 +33,9 @@ struct Lane {
   size_t next_step = 0;
   int64_t fed = 0;  // tokens committed to the cache
   Phase phase = Phase::kPrompt;
+  // kWaiting: the lane forks lanes[donor] once it has fed fork_at tokens.
+  int64_t donor = -1;
+  int64_t fork_at = 0;
 
   StepKind kind() const {
     if (phase != Phase::kPrompt || !compresses) return StepKind::kDecode;
@@ -67,6 +73,7 @@ void PrepareStep(const Lane& lane, absl::Span<const int64_t> positions,
       step.tokens = absl::MakeConstSpan(&lane.out->generated.back(), 1);
       step.attention = lane.sequence->attention(StepKind::kDecode);
       break;
+    case Phase::kWaiting:  // not active
     case Phase::kDone:
       break;
   }
@@ -114,6 +121,132 @@ absl::Status FinishStep(Lane& lane, const SequenceStep& step, int32_t vocab,
   return absl::OkStatus();
 }
 
+int64_t CommonPrefix(absl::Span<const int32_t> a, absl::Span<const int32_t> b) {
+  const auto [ia, ib] = std::mismatch(a.begin(), a.end(), b.begin(), b.end());
+  return ia - a.begin();
+}
+
+// Which lanes wait for a donor: each token-by-token lane takes the earliest
+// earlier lane of the same share key whose prompt shares the most leading
+// tokens with its own (at least min_shared, and at most all but its last
+// token, whose logits it needs). The earliest such donor forks no later
+// than that point itself: a common prefix with a third prompt that reached
+// further would make the third an earlier donor of at least as much.
+void PlanForks(std::vector<Lane>& lanes, int64_t min_shared) {
+  if (min_shared < 1) return;
+  std::vector<std::string> keys;
+  for (const Lane& lane : lanes) {
+    keys.push_back(lane.compresses ? "" : lane.sequence->share_key());
+  }
+  for (size_t i = 0; i < lanes.size(); ++i) {
+    if (keys[i].empty()) continue;
+    Lane& lane = lanes[i];
+    const int64_t n = static_cast<int64_t>(lane.task->prompt.size());
+    int64_t best = 0, donor = -1;
+    for (size_t j = 0; j < i; ++j) {
+      if (keys[j] != keys[i] || lanes[j].task == lane.task) continue;
+      const int64_t k = std::min(
+          n - 1, CommonPrefix(lane.task->prompt, lanes[j].task->prompt));
+      if (k > best) best = k, donor = static_cast<int64_t>(j);
+    }
+    if (donor < 0 || best < min_shared ||
+        (lanes[donor].donor >= 0 && lanes[donor].fork_at > best)) {
+      continue;
+    }
+    lane.phase = Phase::kWaiting;
+    lane.donor = donor;
+    lane.fork_at = best;
+  }
+}
+
+// Starts every waiting lane whose donor has just fed its fork point (in
+// lane order, so a donor that forks at the same point goes first); with
+// `all`, every waiting lane (nothing else can move them on), the ones
+// without a donor there from their first token.
+absl::Status StartForks(std::vector<Lane>& lanes,
+                        std::vector<std::unique_ptr<Sequence>>& forks,
+                        bool all) {
+  for (Lane& lane : lanes) {
+    if (lane.phase != Phase::kWaiting) continue;
+    const Lane& donor = lanes[lane.donor];
+    const bool ready = donor.phase != Phase::kWaiting &&
+                       donor.fed == lane.fork_at &&
+                       donor.next_step == static_cast<size_t>(lane.fork_at);
+    if (!ready && !all) continue;
+    lane.phase = Phase::kPrompt;
+    if (!ready) continue;
+    absl::StatusOr<std::unique_ptr<Sequence>> fork = donor.sequence->Fork();
+    if (absl::IsUnimplemented(fork.status())) continue;  // from scratch
+    if (!fork.ok()) return fork.status();
+    lane.sequence = fork->get();
+    forks.push_back(*std::move(fork));
+    lane.fed = lane.fork_at;
+    lane.next_step = static_cast<size_t>(lane.fork_at);
+    lane.out->shared_prefix = lane.fork_at;
+  }
+  return absl::OkStatus();
+}
+
+// Closes the sequences RunAnswers forked; the first failure, if any.
+absl::Status CloseForks(std::vector<std::unique_ptr<Sequence>>& forks) {
+  absl::Status status;
+  for (auto& fork : forks) status.Update(fork->Close());
+  forks.clear();
+  return status;
+}
+
+// Runs the lanes to the end; their answers land where Lane::out points.
+absl::Status Run(const LlamaModel& model, std::vector<Lane>& lanes,
+                 int64_t longest, const AnswerOptions& options,
+                 std::vector<std::unique_ptr<Sequence>>& forks) {
+  std::vector<int64_t> positions(longest);
+  std::iota(positions.begin(), positions.end(), 0);
+  int64_t total_rounds = 0;
+  for (const Lane& lane : lanes) {
+    total_rounds =
+        std::max(total_rounds, lane.rounds() + options.max_new_tokens - 1);
+  }
+
+  const int32_t vocab = model.config().vocab;
+  std::vector<Lane*> active;
+  std::vector<SequenceStep> batch;
+  for (int64_t round = 0;; ++round) {
+    if (absl::Status s = StartForks(lanes, forks, false); !s.ok()) return s;
+    active.clear();
+    bool waiting = false;
+    for (Lane& lane : lanes) {
+      if (lane.phase == Phase::kWaiting) waiting = true;
+      if (lane.phase != Phase::kDone && lane.phase != Phase::kWaiting) {
+        active.push_back(&lane);
+      }
+    }
+    if (active.empty() && waiting) {
+      if (absl::Status s = StartForks(lanes, forks, true); !s.ok()) return s;
+      continue;
+    }
+    if (active.empty()) break;
+    batch.assign(active.size(), SequenceStep());
+    for (size_t i = 0; i < active.size(); ++i) {
+      PrepareStep(*active[i], positions, batch[i]);
+    }
+    if (absl::Status s = model.Forward(absl::MakeSpan(batch)); !s.ok()) {
+      return s;
+    }
+    for (size_t i = 0; i < active.size(); ++i) {
+      if (absl::Status s =
+              FinishStep(*active[i], batch[i], vocab, options.max_new_tokens);
+          !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat(active[i]->sequence->label(),
+                                                   ": ", s.message()));
+      }
+    }
+    if (options.progress) {
+      options.progress(std::min(round + 1, total_rounds), total_rounds);
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<std::vector<Answer>>> RunAnswers(
@@ -153,40 +286,11 @@ absl::StatusOr<std::vector<std::vector<Answer>>> RunAnswers(
       lanes.push_back(std::move(lane));
     }
   }
-  std::vector<int64_t> positions(longest);
-  std::iota(positions.begin(), positions.end(), 0);
-  int64_t total_rounds = 0;
-  for (const Lane& lane : lanes) {
-    total_rounds =
-        std::max(total_rounds, lane.rounds() + options.max_new_tokens - 1);
-  }
-
-  const int32_t vocab = model.config().vocab;
-  std::vector<Lane*> active;
-  std::vector<SequenceStep> batch;
-  for (int64_t round = 0;; ++round) {
-    active.clear();
-    for (Lane& lane : lanes) {
-      if (lane.phase != Phase::kDone) active.push_back(&lane);
-    }
-    if (active.empty()) break;
-    batch.assign(active.size(), SequenceStep());
-    for (size_t i = 0; i < active.size(); ++i) {
-      PrepareStep(*active[i], positions, batch[i]);
-    }
-    if (absl::Status s = model.Forward(absl::MakeSpan(batch)); !s.ok()) {
-      return s;
-    }
-    for (size_t i = 0; i < active.size(); ++i) {
-      if (absl::Status s =
-              FinishStep(*active[i], batch[i], vocab, options.max_new_tokens);
-          !s.ok()) {
-        return absl::Status(s.code(), absl::StrCat(active[i]->sequence->label(),
-                                                   ": ", s.message()));
-      }
-    }
-    if (options.progress) options.progress(round + 1, total_rounds);
-  }
+  PlanForks(lanes, options.share_prefix);
+  std::vector<std::unique_ptr<Sequence>> forks;
+  absl::Status status = Run(model, lanes, longest, options, forks);
+  status.Update(CloseForks(forks));
+  if (!status.ok()) return status;
   for (auto& task_answers : answers) {
     for (Answer& a : task_answers) {
       a.answer_logprob = std::accumulate(a.answer_logprobs.begin(),

@@ -16,6 +16,16 @@
 //   3. greedy decoding of `max_new_tokens` tokens, each committed (the
 //      policy goes on evicting).
 //
+// Prompts that begin alike (passkey tasks: the same filler up to the key)
+// are streamed once per run: a lane whose task's prompt shares at least
+// `share_prefix` leading tokens with an earlier task's waits until a lane
+// of the same run (Sequence::share_key) has committed them, then forks its
+// sequence (Sequence::Fork: a ForkSession, pages shared copy-on-write) and
+// goes on from there. Its answer is the one it would have computed alone up
+// to the batch's floating-point order (the forward pass batches whichever
+// lanes are active). Lanes that compress their prompt (snapkv) and caches
+// that cannot fork stream everything.
+//
 // Thread-compatible: one caller drives a run.
 #ifndef KVKEEP_SERVICES_LM_LM_ANSWER_H_
 #define KVKEEP_SERVICES_LM_LM_ANSWER_H_
@@ -40,6 +50,8 @@ struct AnswerTask {
 struct AnswerOptions {
   int64_t max_new_tokens = 8;
   int64_t chunk = 128;  // prompt chunks of a policy that compresses them
+  // The fewest common leading prompt tokens worth a fork; 0: never fork.
+  int64_t share_prefix = 0;
   // Called after each round with (rounds done, rounds in all).
   std::function<void(int64_t, int64_t)> progress;
 };
@@ -49,6 +61,7 @@ struct Answer {
   std::vector<double> answer_logprobs;  // per answer token, teacher-forced
   double answer_logprob = 0;            // their sum
   CacheUsage usage;                     // the cache when the prompt was in
+  int64_t shared_prefix = 0;  // prompt tokens taken from a fork, not streamed
 };
 
 // Runs every task through its sequences: sequences[t] are task t's, one per

@@ -27,6 +27,10 @@ ABSL_FLAG(std::string, out, "",
 ABSL_FLAG(int64_t, parallel, 4,
           "answer: tasks in one batch (each with every run)");
 ABSL_FLAG(int64_t, answer_tokens, 8, "answer: greedy tokens per answer");
+ABSL_FLAG(int64_t, share_prefix, 64,
+          "answer: a run's lanes whose prompts begin with at least this many "
+          "common tokens stream them once and fork the session there "
+          "(ForkSession; 0: every lane streams its whole prompt)");
 ABSL_FLAG(bool, resume, false,
           "answer: keep the (task, run) lines already in --out and append "
           "only the missing ones (a long grid stopped part way goes on)");
@@ -97,6 +101,7 @@ nlohmann::json AnswerLine(const TaskLine& task, const RunSpec& run,
   line["answer_token_count"] = task.tokens.answer.size();
   line["resident_tokens_per_layer"] = a.usage.resident_tokens_per_layer;
   line["resident_kv_bytes"] = a.usage.bytes;
+  line["shared_prefix_tokens"] = a.shared_prefix;
   return line;
 }
 
@@ -161,6 +166,7 @@ absl::Status AnswerCommand() {
   AnswerOptions options;
   options.max_new_tokens = absl::GetFlag(FLAGS_answer_tokens);
   options.chunk = absl::GetFlag(FLAGS_chunk);
+  options.share_prefix = absl::GetFlag(FLAGS_share_prefix);
   const size_t parallel =
       static_cast<size_t>(std::max<int64_t>(1, absl::GetFlag(FLAGS_parallel)));
   const bool tty = isatty(STDERR_FILENO);

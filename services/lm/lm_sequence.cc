@@ -97,7 +97,7 @@ class LocalSequence final : public Sequence {
 // mirrored block tables.
 class MappedSource final : public KvSource {
  public:
-  MappedSource(std::unique_ptr<MappedPool> pool,
+  MappedSource(std::shared_ptr<const MappedPool> pool,
                const client::BlockTableMirror* mirror)
       : pool_(std::move(pool)), mirror_(mirror) {}
   ResidentKv Layer(int32_t layer) const override {
@@ -106,7 +106,7 @@ class MappedSource final : public KvSource {
   absl::Status Check() const { return pool_->CheckPages(*mirror_); }
 
  private:
-  std::unique_ptr<MappedPool> pool_;
+  std::shared_ptr<const MappedPool> pool_;  // forks map it once
   const client::BlockTableMirror* mirror_;
 };
 
@@ -145,6 +145,8 @@ class StoreSequence final : public Sequence {
         session_(std::move(session)),
         stream_(session_.Decode()),
         mirror_(std::move(mirror)),
+        options_(options),
+        needs_(needs),
         input_(needs.input),
         scores_(options.scores),
         window_(needs.window),
@@ -153,9 +155,38 @@ class StoreSequence final : public Sequence {
   }
 
   // Reads the pool in place instead of mirroring bytes.
-  void UsePool(std::unique_ptr<MappedPool> pool) {
+  void UsePool(std::shared_ptr<const MappedPool> pool) {
     slots_.reset();
+    pool_ = pool;
     mapped_.emplace(std::move(pool), &mirror_);
+  }
+
+  absl::StatusOr<std::unique_ptr<Sequence>> Fork() const override {
+    if (closed_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("session ", session_.id(), " is closed"));
+    }
+    absl::StatusOr<client::Session> child = session_.Fork();
+    if (!child.ok()) return Annotate(child.status());
+    // The child's tables start as this session's (its results then say
+    // which shared pages it copied before writing).
+    auto forked = std::make_unique<StoreSequence>(
+        *std::move(child), mirror_, options_, layout_, append_dtype_, needs_);
+    if (pool_) {
+      forked->UsePool(pool_);
+    } else {
+      forked->slots_ = slots_;
+    }
+    return forked;
+  }
+
+  std::string share_key() const override {
+    std::string key = absl::StrCat(
+        options_.layout, "|", options_.policy, "|", options_.budget_tokens, "|",
+        static_cast<int>(scores_), "|", std::string(access()));
+    for (const auto& [k, v] : options_.params)
+      absl::StrAppend(&key, "|", k, "=", v);
+    return key;
   }
 
   const KvSource& cache() const override {
@@ -324,7 +355,10 @@ class StoreSequence final : public Sequence {
   client::DecodeStream stream_;
   client::BlockTableMirror mirror_;
   std::optional<SlotCache> slots_;
+  std::shared_ptr<const MappedPool> pool_;
   std::optional<MappedSource> mapped_;
+  const StoreSequenceOptions options_;
+  const PolicyNeeds needs_;
   PolicyInput input_;
   ScoreForm scores_;
   int64_t window_;

@@ -28,6 +28,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "services/client/kvkeep_client.h"
 #include "services/lm/contiguous_kv.h"
 #include "services/lm/emulated_kv.h"
@@ -69,6 +70,20 @@ class Sequence {
   // The fewest tokens the prompt's last step may hold (snapkv: its
   // observation window, which that step's attention must cover).
   virtual int64_t min_prompt_end_tokens() const { return 1; }
+
+  // A new sequence whose cache starts as this one's now: for the store, a
+  // forked session (ForkSession) sharing its pages copy-on-write, so tasks
+  // whose prompts begin alike stream the common part once (lm_answer.h).
+  // The caller closes it. UNIMPLEMENTED where the cache cannot fork.
+  virtual absl::StatusOr<std::unique_ptr<Sequence>> Fork() const {
+    return absl::UnimplementedError(
+        absl::StrCat(label(), ": this cache cannot fork"));
+  }
+  // What decides how the cache evolves on given tokens (layout, policy, its
+  // parameters, budget, score form, access): two sequences with the same
+  // non-empty key hold the same after the same steps, so a fork of one
+  // stands for the other. Empty: never shared.
+  virtual std::string share_key() const { return ""; }
 };
 
 // The worker's own cache (contiguous_kv.h) for up to `capacity_tokens`

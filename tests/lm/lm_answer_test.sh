@@ -9,7 +9,12 @@
 #    gone and it finds none, its answer log-probability far below full's;
 #    streaming_llm:sinks=4@48 holds 48 tokens too;
 #  - a budget given as a share resolves per task; a task file with a broken
-#    line is a clear error naming the line.
+#    line is a clear error naming the line;
+#  - lanes of a run whose prompts begin alike stream the common part once
+#    and fork there (--share_prefix, on by default): every answer is the one
+#    a run without forks gives (the same pairs, greedy tokens and resident
+#    bytes; log-probabilities within 1e-3), the second task of each batch
+#    took a fork of the first's, and no forked session is left open.
 # Prints "SKIPPED: ..." (ctest: skipped) when the model file is absent.
 #
 #   lm_answer_test.sh BIN_DIR CONFIG MODEL
@@ -44,6 +49,37 @@ for r in by["h2o:sinks=4,recent=16@25%"]:
     assert r["resident_tokens_per_layer"] <= r["budget_tokens"], r
 assert all(r["answer_token_count"] == 6 for r in rows)  # " " and 5 digits
 EOF
+
+# Shared prefixes: the same tasks with every lane streaming its whole
+# prompt give the same answers; the forks were real and are all closed.
+"$bin/kvkeep-lm" answer --model="$model" --server="$KVKEEPD_ADDRESS" \
+  --tasks="$tmp/tasks.jsonl" --runs="$runs" --parallel=2 --share_prefix=0 \
+  --out="$tmp/unshared.jsonl"
+python3 - "$tmp/answers.jsonl" "$tmp/unshared.jsonl" <<'EOF' || fail "forks"
+import json, sys
+shared = [json.loads(l) for l in open(sys.argv[1])]
+alone = [json.loads(l) for l in open(sys.argv[2])]
+assert len(shared) == len(alone) == 16
+forked = 0
+for s, a in zip(shared, alone):
+    assert (s["id"], s["run"]) == (a["id"], a["run"]), (s, a)
+    assert a["shared_prefix_tokens"] == 0, a
+    if s["shared_prefix_tokens"]:
+        forked += 1
+        assert 64 <= s["shared_prefix_tokens"] < s["prompt_tokens"], s
+    print(s["id"], s["run"], "shared", s["shared_prefix_tokens"],
+          "log p", round(s["answer_logprob"], 5), round(a["answer_logprob"], 5))
+    assert abs(s.pop("answer_logprob") - a.pop("answer_logprob")) < 1e-3
+    s.pop("shared_prefix_tokens"), a.pop("shared_prefix_tokens")
+    assert s == a, (s, a)
+# Batches of 2 tasks, the key at the same depth: the second task of each
+# batch forks the first's lane of every run (4 runs x 2 batches).
+assert forked == 8, forked
+print("shared prefixes: 8 of 16 lanes forked, every answer as without")
+EOF
+open="$("$bin/kvkeep" --server="$KVKEEPD_ADDRESS" --json sessions)"
+python3 -c 'import json, sys; sys.exit(len(json.loads(sys.argv[1]).get("sessions", [])) != 0)' \
+  "$open" || fail "sessions left open after the answers: $open"
 
 # The teacher-forced log-probability, the long way: perplexity over the
 # prompt and over prompt + " " + answer (digits tokenize alike alone or
@@ -101,6 +137,7 @@ assert sorted(map(key, resumed)) == sorted(map(key, whole)), "pairs differ"
 for r in resumed:  # batches of other sizes may round the last bits apart
     w = next(x for x in whole if key(x) == key(r))
     assert abs(r.pop("answer_logprob") - w.pop("answer_logprob")) < 1e-3, r
+    r.pop("shared_prefix_tokens"), w.pop("shared_prefix_tokens")  # batches
     assert r == w, (r, w)
 print("resume: 7 (task, run) pairs run again, every line as a whole run's")
 EOF
