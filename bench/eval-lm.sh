@@ -45,6 +45,7 @@ finished() { [ $resume = 1 ] && [ -s "$1" ]; }
 [ -t 2 ] || export TQDM_DISABLE=1 HF_HUB_DISABLE_PROGRESS_BARS=1
 KVKEEP_PACKAGES+=(gnuplot-nox)
 kvkeep_install_missing
+kvkeep_openblas_env  # the model's matrix products (scripts/lib.sh)
 stage "build kvkeepd, kvkeep-lm"
 kvkeep_build build "kvkeepd kvkeep_lm"
 model="$(scripts/fetch-model | tail -n 1)"

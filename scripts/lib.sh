@@ -26,6 +26,25 @@ kvkeep_install_missing() {
     "${missing[@]}"
 }
 
+# kvkeep_openblas_env: names OpenBLAS's kernel set from the CPU's flags
+# unless OPENBLAS_CORETYPE is set. Debian's OpenBLAS 0.3.21 does not
+# recognise some AVX-512 Xeons (it reports "Prescott") and falls back to its
+# SSE3 kernels: kvkeep-lm's forward pass then takes 1.8x the CPU
+# (docs/lm.md), sgemm 3x. OpenBLAS reads the variable when it loads, so it
+# must be in the environment of the process that links it.
+kvkeep_openblas_env() {
+  [ -n "${OPENBLAS_CORETYPE:-}" ] && return 0
+  local flags
+  flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null) "
+  if [[ $flags == *" avx512bw "* && $flags == *" avx512vl "* &&
+    $flags == *" avx512dq "* ]]; then
+    export OPENBLAS_CORETYPE=SkylakeX
+  elif [[ $flags == *" avx2 "* && $flags == *" fma "* ]]; then
+    export OPENBLAS_CORETYPE=Haswell
+  fi
+  return 0
+}
+
 # kvkeep_build BUILD_DIR "TARGET..." [extra cmake args...]  ("all" for all)
 kvkeep_build() {
   local dir="$1" targets="$2"
