@@ -1,0 +1,392 @@
+// QueryAttention (kernels/attention.h): the CPU twin of the query-scoring
+// kernel, blocked for the cache and written in GCC vector extensions.
+//
+// Per row and kv head g, over tiles of resident slots:
+//   1. the tile's keys of head g are widened (f32 copied, f16/bf16 converted,
+//      int8/int4 dequantised with their group scales, fp8 through WidenHead)
+//      into a float tile [keys][dp] on the stack, dp = head_dim rounded up
+//      to 16 with zeros, so the dequantisation happens once per key and the
+//      tile stays in L1 while every query head of the group reads it;
+//   2. logits for a block of (query heads x keys) at a time, 8 accumulators
+//      of 16 lanes each kept in registers, folded into the 8 dot products by
+//      a shuffle tree (no horizontal sum per dot product);
+//   3. per query head of the group, the max, then exp (fast_exp.h's
+//      polynomial, vectorised) and the denominator in one pass, then the
+//      probabilities are added into out, heads in order.
+// The logits of one group, [group][slots], sit in the caller's scratch.
+//
+// Arithmetic order: a dot product sums 16 lane-partials (element i goes to
+// lane i % 16), then folds them pairwise (lanes l and l + 8, then + 4, + 2,
+// + 1) and multiplies by 1 / sqrt(head_dim); exp is ExpNonPositive. The
+// keys are bit-identical to kernels/quantize.h's WidenHead (and so to the
+// CUDA kernel's). Results are deterministic on one machine; across machines
+// the clone chosen (AVX-512, AVX2+FMA or baseline x86-64, GCC's function
+// multi-versioning as in services/lm/model_ops.cc) may contract a multiply
+// and an add into an FMA and change last bits, well inside the tolerances
+// attention_kernels_test and the GPU test state.
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "kernels/attention.h"
+#include "kernels/fast_exp.h"
+#include "kernels/quantize.h"
+
+namespace kvkeep {
+namespace {
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define KVKEEP_QA_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define KVKEEP_QA_CLONES
+#endif
+
+constexpr int kLanes = 16;
+using Vec = float __attribute__((vector_size(kLanes * sizeof(float))));
+// Accumulators per register block: (heads x keys) = (4 x 2), (2 x 4) or
+// (1 x 8); 8 independent FMA chains hide the FMA latency.
+constexpr int kBlock = 8;
+// The stack tile: up to 64 keys, at least kBlock keys at head_dim 1024.
+constexpr int kTileFloats = 8192;
+constexpr int kMaxTileKeys = 64;
+// Query rows of the heads being scored, padded: 4 heads at head_dim 1024.
+constexpr int kQueryFloats = 4096;
+
+// By pointer: a 64-byte vector passed or returned by value would change the
+// ABI of the baseline clone (-Wpsabi).
+[[gnu::always_inline]] inline void LoadVec(Vec* v, const float* p) {
+  __builtin_memcpy(v, p, sizeof(*v));
+}
+
+// out[m] = sum of the lanes of a[m], m < 8, folded as the file comment says.
+[[gnu::always_inline]] inline void FoldLanes(const Vec a[kBlock],
+                                             float out[kBlock]) {
+  Vec c[4], e[2];
+#pragma GCC unroll 4
+  for (int p = 0; p < 4; ++p) {  // lanes 0-7: a[2p] halves, 8-15: a[2p+1]
+    c[p] = __builtin_shufflevector(a[2 * p], a[2 * p + 1], 0, 1, 2, 3, 4, 5, 6,
+                                   7, 16, 17, 18, 19, 20, 21, 22, 23) +
+           __builtin_shufflevector(a[2 * p], a[2 * p + 1], 8, 9, 10, 11, 12, 13,
+                                   14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  }
+#pragma GCC unroll 2
+  for (int p = 0; p < 2; ++p) {  // 4 lanes each of a[4p] .. a[4p+3]
+    e[p] = __builtin_shufflevector(c[2 * p], c[2 * p + 1], 0, 1, 2, 3, 8, 9, 10,
+                                   11, 16, 17, 18, 19, 24, 25, 26, 27) +
+           __builtin_shufflevector(c[2 * p], c[2 * p + 1], 4, 5, 6, 7, 12, 13,
+                                   14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  }
+  // 2 lanes each of a[0] .. a[7].
+  const Vec f = __builtin_shufflevector(e[0], e[1], 0, 1, 4, 5, 8, 9, 12, 13,
+                                        16, 17, 20, 21, 24, 25, 28, 29) +
+                __builtin_shufflevector(e[0], e[1], 2, 3, 6, 7, 10, 11, 14, 15,
+                                        18, 19, 22, 23, 26, 27, 30, 31);
+  const Vec g = __builtin_shufflevector(f, f, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3,
+                                        5, 7, 9, 11, 13, 15) +
+                __builtin_shufflevector(f, f, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2,
+                                        4, 6, 8, 10, 12, 14);
+  for (int m = 0; m < kBlock; ++m) out[m] = g[m];
+}
+
+// dots[j][t] = q[j] . keys[t] for kHeads rows of q and kBlock / kHeads keys,
+// all dp long (dp % 16 == 0).
+template <int kHeads>
+[[gnu::always_inline]] inline void DotBlock(const float* q, const float* keys,
+                                            int32_t dp, float dots[kBlock]) {
+  constexpr int kKeys = kBlock / kHeads;
+  // Fully unrolled, so that the accumulators live in registers (otherwise
+  // GCC keeps the array on the stack and the loop is load/store-bound).
+  Vec acc[kBlock];
+#pragma GCC unroll 8
+  for (int m = 0; m < kBlock; ++m) acc[m] = Vec{};
+  for (int32_t i = 0; i < dp; i += kLanes) {
+    Vec k[kKeys];
+#pragma GCC unroll 8
+    for (int t = 0; t < kKeys; ++t) LoadVec(&k[t], keys + t * dp + i);
+#pragma GCC unroll 4
+    for (int j = 0; j < kHeads; ++j) {
+      Vec qj;
+      LoadVec(&qj, q + j * dp + i);
+#pragma GCC unroll 8
+      for (int t = 0; t < kKeys; ++t) acc[j * kKeys + t] += qj * k[t];
+    }
+  }
+  FoldLanes(acc, dots);
+}
+
+// logits[j][s0 + t] for the heads [0, kHeads) of `q` and the tile's keys.
+template <int kHeads>
+[[gnu::always_inline]] inline void ScoreTile(const float* q, const float* tile,
+                                             const bool* visible, int32_t keys,
+                                             int32_t dp, float scale,
+                                             float* logits, int64_t n,
+                                             int64_t s0) {
+  constexpr int kKeys = kBlock / kHeads;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  for (int32_t t0 = 0; t0 < keys; t0 += kKeys) {
+    float dots[kBlock];
+    DotBlock<kHeads>(q, tile + int64_t{t0} * dp, dp, dots);
+    const int32_t live = std::min(kKeys, keys - t0);
+    for (int j = 0; j < kHeads; ++j) {
+      float* row = logits + j * n + s0 + t0;
+      for (int32_t t = 0; t < live; ++t) {
+        row[t] = visible[t0 + t] ? dots[j * kKeys + t] * scale : kNegInf;
+      }
+    }
+  }
+}
+
+// Half-precision bits to float, exact (subnormals by a multiply of the
+// denormal float with the same bits by 2^112; inf and NaN kept), branch-free
+// so that it vectorises; equal to dtype.h's F16ToFloat for every input.
+[[gnu::always_inline]] inline float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t rest = static_cast<uint32_t>(h & 0x7fffu) << 13;
+  const float finite = std::bit_cast<float>(rest) * 0x1p112f;
+  const uint32_t bits = (h & 0x7c00u) == 0x7c00u
+                            ? (rest | 0x7f800000u)
+                            : std::bit_cast<uint32_t>(finite);
+  return std::bit_cast<float>(bits | sign);
+}
+
+// Head `head` of one stored token as dp floats (zeros past head_dim).
+[[gnu::always_inline]] inline void WidenKey(const PageLayout& lay,
+                                            const std::byte* token,
+                                            int32_t head, int32_t dp,
+                                            float* __restrict dst) {
+  const int32_t d = lay.head_dim;
+  const int64_t first = int64_t{head} * d;
+  switch (lay.dtype) {
+    case DType::kF32:
+      std::memcpy(dst, reinterpret_cast<const float*>(token) + first,
+                  sizeof(float) * d);
+      break;
+    case DType::kBF16: {
+      const uint16_t* src = reinterpret_cast<const uint16_t*>(token) + first;
+#pragma omp simd
+      for (int32_t i = 0; i < d; ++i) {
+        dst[i] = std::bit_cast<float>(static_cast<uint32_t>(src[i]) << 16);
+      }
+      break;
+    }
+    case DType::kF16: {
+      const uint16_t* src = reinterpret_cast<const uint16_t*>(token) + first;
+#pragma omp simd
+      for (int32_t i = 0; i < d; ++i) dst[i] = HalfToFloat(src[i]);
+      break;
+    }
+    case DType::kInt8:
+    case DType::kInt4: {
+      // kernels/quantize.cc's DequantGroup, the same float operations.
+      const auto* record = reinterpret_cast<const uint8_t*>(token);
+      const int32_t gs = lay.group_size;
+      for (int32_t j0 = 0; j0 < d; j0 += gs) {
+        const int64_t g = (first + j0) / gs;
+        const float scale = LoadScale(record + lay.scales_offset(), g);
+        const int32_t zero = record[lay.zeros_offset() + g];
+        float* out = dst + j0;
+        if (lay.dtype == DType::kInt8) {
+          const uint8_t* codes = record + first + j0;
+#pragma omp simd
+          for (int32_t i = 0; i < gs; ++i) {
+            out[i] = static_cast<float>(int32_t{codes[i]} - zero) * scale;
+          }
+        } else {
+          const uint8_t* codes = record + (first + j0) / 2;
+#pragma omp simd
+          for (int32_t i = 0; i < gs / 2; ++i) {
+            out[2 * i] = static_cast<float>((codes[i] & 0xf) - zero) * scale;
+            out[2 * i + 1] = static_cast<float>((codes[i] >> 4) - zero) * scale;
+          }
+        }
+      }
+      break;
+    }
+    default:  // fp8_e4m3: a table lookup per code, no vector form to gain
+      WidenHead(lay, token, head, dst);
+      break;
+  }
+  for (int32_t i = d; i < dp; ++i) dst[i] = 0.0f;
+}
+
+struct RowArgs {
+  const PagedKeys* keys;
+  const float* q_row;  // [query_heads][head_dim]
+  int64_t row_order;
+  int32_t group;
+  float scale;
+};
+
+// The token records (keys, all kv heads) of slots [s0, s0 + count), nullptr
+// for slots the row does not see; one division per tile, not per slot.
+[[gnu::always_inline]] inline void TileRecords(const RowArgs& a, int64_t s0,
+                                               int32_t count,
+                                               const std::byte** records) {
+  const PagedKeys& keys = *a.keys;
+  const PageLayout& lay = keys.layout;
+  int64_t page = s0 / lay.page_tokens;
+  int32_t in_page = static_cast<int32_t>(s0 % lay.page_tokens);
+  for (int32_t t = 0; t < count; ++t) {
+    const bool visible =
+        keys.order.empty() || keys.order[s0 + t] <= a.row_order;
+    records[t] = visible
+                     ? keys.arena + lay.key_offset(keys.pages[page], in_page)
+                     : nullptr;
+    if (++in_page == lay.page_tokens) in_page = 0, ++page;
+  }
+}
+
+// Asks for the cache lines of the next tile's records while this one is
+// scored: the kv heads' parts of a record are read one head at a time,
+// which the hardware prefetcher does not follow across records.
+[[gnu::always_inline]] inline void PrefetchRecords(
+    const std::byte* const* records, int32_t count, int64_t bytes) {
+  for (int32_t t = 0; t < count; ++t) {
+    if (records[t] == nullptr) continue;
+    for (int64_t b = 0; b < bytes; b += 64) {
+      __builtin_prefetch(records[t] + b);
+    }
+  }
+}
+
+// Fills tile [count][dp] with kv head g of the records (zeros for a null
+// record, and for the keys after count up to the next register block, which
+// the last block reads).
+[[gnu::always_inline]] inline void LoadTile(const PageLayout& lay,
+                                            const std::byte* const* records,
+                                            int32_t count, int32_t g,
+                                            int32_t dp, float* tile) {
+  for (int32_t t = 0; t < count; ++t) {
+    float* dst = tile + int64_t{t} * dp;
+    if (records[t] == nullptr) {
+      std::fill(dst, dst + dp, 0.0f);
+    } else {
+      WidenKey(lay, records[t], g, dp, dst);
+    }
+  }
+  const int32_t padded = (count + kBlock - 1) / kBlock * kBlock;
+  std::fill(tile + int64_t{count} * dp, tile + int64_t{padded} * dp, 0.0f);
+}
+
+// Logits of `heads` query rows q [heads][dp] against the tile, into
+// logits[j][s0 + t].
+[[gnu::always_inline]] inline void ScoreHeads(const float* q, int32_t heads,
+                                              const float* tile,
+                                              const bool* visible,
+                                              int32_t count, int32_t dp,
+                                              float scale, float* logits,
+                                              int64_t n, int64_t s0) {
+  int32_t j = 0;
+  for (; j + 4 <= heads; j += 4) {
+    ScoreTile<4>(q + j * dp, tile, visible, count, dp, scale, logits + j * n, n,
+                 s0);
+  }
+  for (; j + 2 <= heads; j += 2) {
+    ScoreTile<2>(q + j * dp, tile, visible, count, dp, scale, logits + j * n, n,
+                 s0);
+  }
+  for (; j < heads; ++j) {
+    ScoreTile<1>(q + j * dp, tile, visible, count, dp, scale, logits + j * n, n,
+                 s0);
+  }
+}
+
+// logits [query_heads][n] for one row. Tiles of slots outside, kv heads
+// inside: a tile's token records (all heads) are read from memory once, in
+// slot order, and stay in cache while each kv head's part is widened.
+[[gnu::always_inline]] inline void RowLogits(const RowArgs& a, float* logits) {
+  const PagedKeys& keys = *a.keys;
+  const PageLayout& lay = keys.layout;
+  const int32_t d = lay.head_dim;
+  const int32_t dp = (d + kLanes - 1) / kLanes * kLanes;
+  const int64_t n = keys.slots;
+  const int32_t tile_keys =
+      std::clamp(kTileFloats / 2 / dp / kBlock * kBlock, kBlock, kMaxTileKeys);
+  const int32_t heads_per_pass = std::min(a.group, kQueryFloats / dp);
+  alignas(64) float key_tile[kTileFloats];
+  alignas(64) float q_pad[kQueryFloats];
+  // Records of this tile and the next (prefetched while this one is scored).
+  const std::byte* records[2][kMaxTileKeys];
+  bool visible[kMaxTileKeys];
+  TileRecords(a, 0, static_cast<int32_t>(std::min<int64_t>(tile_keys, n)),
+              records[0]);
+  for (int64_t s0 = 0, tile = 0; s0 < n; s0 += tile_keys, ++tile) {
+    const int32_t count =
+        static_cast<int32_t>(std::min<int64_t>(tile_keys, n - s0));
+    const std::byte* const* now = records[tile % 2];
+    if (s0 + tile_keys < n) {
+      const int32_t next = static_cast<int32_t>(
+          std::min<int64_t>(tile_keys, n - s0 - tile_keys));
+      TileRecords(a, s0 + tile_keys, next, records[(tile + 1) % 2]);
+      PrefetchRecords(records[(tile + 1) % 2], next, lay.token_bytes());
+    }
+    for (int32_t t = 0; t < count; ++t) visible[t] = now[t] != nullptr;
+    for (int32_t g = 0; g < lay.kv_heads; ++g) {
+      LoadTile(lay, now, count, g, dp, key_tile);
+      for (int32_t h0 = 0; h0 < a.group; h0 += heads_per_pass) {
+        const int32_t heads = std::min(heads_per_pass, a.group - h0);
+        const int64_t h = int64_t{g} * a.group + h0;
+        const float* q = a.q_row + h * d;
+        if (dp != d) {  // rows padded with zeros to whole 16-lane chunks
+          for (int32_t j = 0; j < heads; ++j) {
+            std::copy_n(a.q_row + (h + j) * d, d, q_pad + j * dp);
+            std::fill(q_pad + j * dp + d, q_pad + (j + 1) * dp, 0.0f);
+          }
+          q = q_pad;
+        }
+        ScoreHeads(q, heads, key_tile, visible, count, dp, a.scale,
+                   logits + h * n, n, s0);
+      }
+    }
+  }
+}
+
+// out_row[s] += softmax over s of logits[j], for each of `group` heads in
+// order; a head with no visible slot adds nothing. Overwrites the logits
+// with exp(logit - max).
+[[gnu::always_inline]] inline void AddSoftmax(float* logits, int32_t group,
+                                              int64_t n, float* out_row) {
+  for (int32_t j = 0; j < group; ++j) {
+    float* l = logits + j * n;
+    float mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
+    for (int64_t s = 0; s < n; ++s) mx = l[s] > mx ? l[s] : mx;
+    if (mx == -std::numeric_limits<float>::infinity()) continue;
+    float denom = 0.0f;
+#pragma omp simd reduction(+ : denom)
+    for (int64_t s = 0; s < n; ++s) {
+      const float e = ExpNonPositive(l[s] - mx);  // masked: exp(-inf) = 0
+      l[s] = e;
+      denom += e;
+    }
+    const float inv = 1.0f / denom;
+#pragma omp simd
+    for (int64_t s = 0; s < n; ++s) out_row[s] += l[s] * inv;
+  }
+}
+
+}  // namespace
+
+KVKEEP_QA_CLONES
+void QueryAttention(const PagedKeys& keys, const float* queries,
+                    const int64_t* row_order, int32_t rows, int32_t query_heads,
+                    float* out, float* scratch) {
+  const PageLayout& lay = keys.layout;
+  const int32_t d = lay.head_dim;
+  const int32_t group = query_heads / lay.kv_heads;
+  const int64_t n = keys.slots;
+  for (int32_t r = 0; r < rows; ++r) {
+    const RowArgs args{&keys, queries + int64_t{r} * query_heads * d,
+                       row_order[r], group,
+                       1.0f / std::sqrt(static_cast<float>(d))};
+    float* out_row = out + int64_t{r} * n;
+    std::fill(out_row, out_row + n, 0.0f);
+    RowLogits(args, scratch);
+    AddSoftmax(scratch, query_heads, n, out_row);
+  }
+}
+
+}  // namespace kvkeep
