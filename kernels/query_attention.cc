@@ -1,19 +1,20 @@
 // QueryAttention (kernels/attention.h): the CPU twin of the query-scoring
 // kernel, blocked for the cache and written in GCC vector extensions.
 //
-// Per row and kv head g, over tiles of resident slots:
-//   1. the tile's keys of head g are widened (f32 copied, f16/bf16 converted,
-//      int8/int4 dequantised with their group scales, fp8 through WidenHead)
-//      into a float tile [keys][dp] on the stack, dp = head_dim rounded up
-//      to 16 with zeros, so the dequantisation happens once per key and the
-//      tile stays in L1 while every query head of the group reads it;
-//   2. logits for a block of (query heads x keys) at a time, 8 accumulators
-//      of 16 lanes each kept in registers, folded into the 8 dot products by
-//      a shuffle tree (no horizontal sum per dot product);
-//   3. per query head of the group, the max, then exp (fast_exp.h's
-//      polynomial, vectorised) and the denominator in one pass, then the
-//      probabilities are added into out, heads in order.
-// The logits of one group, [group][slots], sit in the caller's scratch.
+// Per row, over tiles of resident slots (32 at head_dim 128; the next
+// tile's token records are prefetched while one is scored), and inside a
+// tile per kv head g:
+//   1. the tile's keys of head g are widened (f32 copied, f16/bf16
+//      converted, int8/int4 dequantised with their group scales, fp8 through
+//      WidenHead) into a float tile [keys][dp] on the stack, dp = head_dim
+//      rounded up to 16 with zeros: each key is dequantised once and stays
+//      in L1 while every query head of its GQA group reads it;
+//   2. logits for blocks of (query heads x keys), 8 accumulators of 16
+//      lanes in registers, folded into the 8 dot products by a shuffle tree
+//      (no horizontal sum per dot product), into scratch [query_heads][n];
+// then per query head the max, exp (fast_exp.h's polynomial, vectorised)
+// and the denominator in one pass, and the probabilities added into out,
+// heads in order. Stack: 48 KiB (key tile and padded query rows).
 //
 // Arithmetic order: a dot product sums 16 lane-partials (element i goes to
 // lane i % 16), then folds them pairwise (lanes l and l + 8, then + 4, + 2,
@@ -152,6 +153,76 @@ template <int kHeads>
   return std::bit_cast<float>(bits | sign);
 }
 
+// code -> float(code - zero) * scale for 16 codes (kernels/quantize.cc's
+// DequantGroup, the same float operations). A fixed-length loop: GCC turns
+// it into byte-to-int widening (__builtin_convertvector becomes lane
+// inserts).
+[[gnu::always_inline]] inline void Dequant16(const uint8_t* codes, int32_t zero,
+                                             float scale, float* out) {
+#pragma omp simd
+  for (int k = 0; k < 16; ++k) {
+    out[k] = static_cast<float>(int32_t{codes[k]} - zero) * scale;
+  }
+}
+
+// int8 / int4 elements [first, first + head_dim) of one token record.
+[[gnu::always_inline]] inline void WidenIntHead(const PageLayout& lay,
+                                                const uint8_t* record,
+                                                int64_t first,
+                                                float* __restrict dst) {
+  const int32_t d = lay.head_dim;
+  const int32_t gs = lay.group_size;
+  const bool int8 = lay.dtype == DType::kInt8;
+  for (int32_t j0 = 0; j0 < d; j0 += gs) {
+    const int64_t g = (first + j0) / gs;
+    const uint8_t* scale_at = record + lay.scales_offset() + 2 * g;
+    const float scale = HalfToFloat(static_cast<uint16_t>(
+        scale_at[0] | static_cast<uint16_t>(scale_at[1]) << 8));
+    const int32_t zero = record[lay.zeros_offset() + g];
+    float* out = dst + j0;
+    int32_t i = 0;
+    if (int8) {
+      const uint8_t* codes = record + first + j0;
+      for (; i + 16 <= gs; i += 16) Dequant16(codes + i, zero, scale, out + i);
+      for (; i < gs; ++i) {
+        out[i] = static_cast<float>(int32_t{codes[i]} - zero) * scale;
+      }
+    } else {
+      const uint8_t* codes = record + (first + j0) / 2;
+      for (; i + 16 <= gs; i += 16) {
+        // Lane k holds byte k / 2 (a byte shuffle into 32-bit lanes), then
+        // the low nibble for even k and the high one for odd k. All in
+        // registers: nibbles stored as bytes and read back as a vector
+        // stall store forwarding.
+        using Bytes16 = uint8_t __attribute__((vector_size(16)));
+        using Bytes64 = uint8_t __attribute__((vector_size(64)));
+        using Ints16 = int32_t __attribute__((vector_size(64)));
+        using Words2 = uint64_t __attribute__((vector_size(16)));
+        uint64_t word;
+        __builtin_memcpy(&word, codes + i / 2, sizeof(word));
+        const Words2 w = {word, 0};
+        const Bytes16 b = reinterpret_cast<const Bytes16&>(w);
+        const Bytes16 z = {};
+        const Bytes64 spread = __builtin_shufflevector(
+            b, z, 0, 16, 16, 16, 0, 16, 16, 16, 1, 16, 16, 16, 1, 16, 16, 16, 2,
+            16, 16, 16, 2, 16, 16, 16, 3, 16, 16, 16, 3, 16, 16, 16, 4, 16, 16,
+            16, 4, 16, 16, 16, 5, 16, 16, 16, 5, 16, 16, 16, 6, 16, 16, 16, 6,
+            16, 16, 16, 7, 16, 16, 16, 7, 16, 16, 16);
+        Ints16 c = reinterpret_cast<const Ints16&>(spread);
+        const Ints16 shift = {0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4};
+        c = ((c >> shift) & 0xf) - zero;
+        const Vec v = __builtin_convertvector(c, Vec) * scale;
+        __builtin_memcpy(out + i, &v, sizeof(v));
+      }
+      for (; i < gs; i += 2) {
+        const uint8_t b = codes[i / 2];
+        out[i] = static_cast<float>((b & 0xf) - zero) * scale;
+        out[i + 1] = static_cast<float>((b >> 4) - zero) * scale;
+      }
+    }
+  }
+}
+
 // Head `head` of one stored token as dp floats (zeros past head_dim).
 [[gnu::always_inline]] inline void WidenKey(const PageLayout& lay,
                                             const std::byte* token,
@@ -179,32 +250,9 @@ template <int kHeads>
       break;
     }
     case DType::kInt8:
-    case DType::kInt4: {
-      // kernels/quantize.cc's DequantGroup, the same float operations.
-      const auto* record = reinterpret_cast<const uint8_t*>(token);
-      const int32_t gs = lay.group_size;
-      for (int32_t j0 = 0; j0 < d; j0 += gs) {
-        const int64_t g = (first + j0) / gs;
-        const float scale = LoadScale(record + lay.scales_offset(), g);
-        const int32_t zero = record[lay.zeros_offset() + g];
-        float* out = dst + j0;
-        if (lay.dtype == DType::kInt8) {
-          const uint8_t* codes = record + first + j0;
-#pragma omp simd
-          for (int32_t i = 0; i < gs; ++i) {
-            out[i] = static_cast<float>(int32_t{codes[i]} - zero) * scale;
-          }
-        } else {
-          const uint8_t* codes = record + (first + j0) / 2;
-#pragma omp simd
-          for (int32_t i = 0; i < gs / 2; ++i) {
-            out[2 * i] = static_cast<float>((codes[i] & 0xf) - zero) * scale;
-            out[2 * i + 1] = static_cast<float>((codes[i] >> 4) - zero) * scale;
-          }
-        }
-      }
+    case DType::kInt4:
+      WidenIntHead(lay, reinterpret_cast<const uint8_t*>(token), first, dst);
       break;
-    }
     default:  // fp8_e4m3: a table lookup per code, no vector form to gain
       WidenHead(lay, token, head, dst);
       break;
