@@ -55,6 +55,8 @@ constexpr int kTileFloats = 8192;
 constexpr int kMaxTileKeys = 64;
 // Query rows of the heads being scored, padded: 4 heads at head_dim 1024.
 constexpr int kQueryFloats = 4096;
+// What padding keys read in place of a record: head_dim <= 1024 f32.
+alignas(64) constexpr float kZeroKey[1024] = {};
 
 // By pointer: a 64-byte vector passed or returned by value would change the
 // ABI of the baseline clone (-Wpsabi).
@@ -92,11 +94,47 @@ constexpr int kQueryFloats = 4096;
   for (int m = 0; m < kBlock; ++m) out[m] = g[m];
 }
 
-// dots[j][t] = q[j] . keys[t] for kHeads rows of q and kBlock / kHeads keys,
-// all dp long (dp % 16 == 0).
-template <int kHeads>
-[[gnu::always_inline]] inline void DotBlock(const float* q, const float* keys,
-                                            int32_t dp, float dots[kBlock]) {
+// Where a register block reads its keys, 16 elements at a time: the widened
+// tile...
+struct TileKeys {
+  const float* tile;  // [keys][dp]
+  int32_t dp;
+  [[gnu::always_inline]] void Load(int32_t t, int32_t i, Vec* v) const {
+    LoadVec(v, tile + int64_t{t} * dp + i);
+  }
+};
+
+// ...or, for f32 and bf16 keys with head_dim % 16 == 0, the records in the
+// pages (widened in registers: with a GQA group of up to 4 heads a key is
+// read by one block, so a tile would only add a store and a reload).
+// key[t]: kv head g's first element of key t, or a zero buffer.
+template <DType kType>
+struct RecordKeys {
+  const std::byte* const* key;
+  [[gnu::always_inline]] void Load(int32_t t, int32_t i, Vec* v) const {
+    if constexpr (kType == DType::kF32) {
+      LoadVec(v, reinterpret_cast<const float*>(key[t]) + i);
+    } else {  // bf16: the 16 bits become the high half of each 32-bit lane
+      using Halves16 = uint16_t __attribute__((vector_size(32)));
+      using Halves32 = uint16_t __attribute__((vector_size(64)));
+      Halves16 h;
+      __builtin_memcpy(&h, reinterpret_cast<const uint16_t*>(key[t]) + i,
+                       sizeof(h));
+      const Halves16 z = {};
+      const Halves32 wide = __builtin_shufflevector(
+          z, h, 0, 16, 0, 17, 0, 18, 0, 19, 0, 20, 0, 21, 0, 22, 0, 23, 0, 24,
+          0, 25, 0, 26, 0, 27, 0, 28, 0, 29, 0, 30, 0, 31);
+      *v = (Vec)wide;  // a bit cast (GCC vector conversion)
+    }
+  }
+};
+
+// dots[j][t] = q[j] . key(t0 + t) for kHeads rows of q and kBlock / kHeads
+// keys, all dp long (dp % 16 == 0).
+template <int kHeads, class Keys>
+[[gnu::always_inline]] inline void DotBlock(const float* q, const Keys& keys,
+                                            int32_t t0, int32_t dp,
+                                            float dots[kBlock]) {
   constexpr int kKeys = kBlock / kHeads;
   // Fully unrolled, so that the accumulators live in registers (otherwise
   // GCC keeps the array on the stack and the loop is load/store-bound).
@@ -106,7 +144,7 @@ template <int kHeads>
   for (int32_t i = 0; i < dp; i += kLanes) {
     Vec k[kKeys];
 #pragma GCC unroll 8
-    for (int t = 0; t < kKeys; ++t) LoadVec(&k[t], keys + t * dp + i);
+    for (int t = 0; t < kKeys; ++t) keys.Load(t0 + t, i, &k[t]);
 #pragma GCC unroll 4
     for (int j = 0; j < kHeads; ++j) {
       Vec qj;
@@ -118,23 +156,31 @@ template <int kHeads>
   FoldLanes(acc, dots);
 }
 
-// logits[j][s0 + t] for the heads [0, kHeads) of `q` and the tile's keys.
-template <int kHeads>
-[[gnu::always_inline]] inline void ScoreTile(const float* q, const float* tile,
-                                             const bool* visible, int32_t keys,
-                                             int32_t dp, float scale,
-                                             float* logits, int64_t n,
-                                             int64_t s0) {
+// Unscaled logits (dot products; AddSoftmax scales them, -inf for slots the
+// row does not see) logits[j][s0 + t] for the heads [0, kHeads) of `q` and
+// the tile's keys
+// (count of them; the keys up to the next block boundary must read as 0).
+template <int kHeads, class Keys>
+[[gnu::always_inline]] inline void ScoreTile(const float* q, const Keys& keys,
+                                             const bool* visible, int32_t count,
+                                             int32_t dp, float* logits,
+                                             int64_t n, int64_t s0) {
   constexpr int kKeys = kBlock / kHeads;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  for (int32_t t0 = 0; t0 < keys; t0 += kKeys) {
+  for (int32_t t0 = 0; t0 < count; t0 += kKeys) {
     float dots[kBlock];
-    DotBlock<kHeads>(q, tile + int64_t{t0} * dp, dp, dots);
-    const int32_t live = std::min(kKeys, keys - t0);
+    DotBlock<kHeads>(q, keys, t0, dp, dots);
+    const int32_t live = std::min(kKeys, count - t0);
+    bool all_visible = live == kKeys;
+    for (int32_t t = 0; t < live; ++t) all_visible &= visible[t0 + t];
     for (int j = 0; j < kHeads; ++j) {
       float* row = logits + j * n + s0 + t0;
+      if (all_visible) {  // the common case: one short vector store
+        __builtin_memcpy(row, dots + j * kKeys, sizeof(float) * kKeys);
+        continue;
+      }
       for (int32_t t = 0; t < live; ++t) {
-        row[t] = visible[t0 + t] ? dots[j * kKeys + t] * scale : kNegInf;
+        row[t] = visible[t0 + t] ? dots[j * kKeys + t] : kNegInf;
       }
     }
   }
@@ -201,14 +247,14 @@ template <int kHeads>
         uint64_t word;
         __builtin_memcpy(&word, codes + i / 2, sizeof(word));
         const Words2 w = {word, 0};
-        const Bytes16 b = reinterpret_cast<const Bytes16&>(w);
+        const Bytes16 b = (Bytes16)w;
         const Bytes16 z = {};
         const Bytes64 spread = __builtin_shufflevector(
             b, z, 0, 16, 16, 16, 0, 16, 16, 16, 1, 16, 16, 16, 1, 16, 16, 16, 2,
             16, 16, 16, 2, 16, 16, 16, 3, 16, 16, 16, 3, 16, 16, 16, 4, 16, 16,
             16, 4, 16, 16, 16, 5, 16, 16, 16, 5, 16, 16, 16, 6, 16, 16, 16, 6,
             16, 16, 16, 7, 16, 16, 16, 7, 16, 16, 16);
-        Ints16 c = reinterpret_cast<const Ints16&>(spread);
+        Ints16 c = (Ints16)spread;
         const Ints16 shift = {0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4};
         c = ((c >> shift) & 0xf) - zero;
         const Vec v = __builtin_convertvector(c, Vec) * scale;
@@ -319,26 +365,45 @@ struct RowArgs {
   std::fill(tile + int64_t{count} * dp, tile + int64_t{padded} * dp, 0.0f);
 }
 
-// Logits of `heads` query rows q [heads][dp] against the tile, into
+// Logits of `heads` query rows q [heads][dp] against the tile's keys, into
 // logits[j][s0 + t].
-[[gnu::always_inline]] inline void ScoreHeads(const float* q, int32_t heads,
-                                              const float* tile,
-                                              const bool* visible,
-                                              int32_t count, int32_t dp,
-                                              float scale, float* logits,
-                                              int64_t n, int64_t s0) {
+template <class Keys>
+[[gnu::always_inline]] inline void ScoreHeads(
+    const float* q, int32_t heads, const Keys& keys, const bool* visible,
+    int32_t count, int32_t dp, float* logits, int64_t n, int64_t s0) {
   int32_t j = 0;
   for (; j + 4 <= heads; j += 4) {
-    ScoreTile<4>(q + j * dp, tile, visible, count, dp, scale, logits + j * n, n,
-                 s0);
+    ScoreTile<4>(q + j * dp, keys, visible, count, dp, logits + j * n, n, s0);
   }
   for (; j + 2 <= heads; j += 2) {
-    ScoreTile<2>(q + j * dp, tile, visible, count, dp, scale, logits + j * n, n,
-                 s0);
+    ScoreTile<2>(q + j * dp, keys, visible, count, dp, logits + j * n, n, s0);
   }
   for (; j < heads; ++j) {
-    ScoreTile<1>(q + j * dp, tile, visible, count, dp, scale, logits + j * n, n,
-                 s0);
+    ScoreTile<1>(q + j * dp, keys, visible, count, dp, logits + j * n, n, s0);
+  }
+}
+
+// Logits of kv head g's query heads against the tile's keys, for slots
+// [s0, s0 + count), into logits [query_heads][n].
+template <class Keys>
+[[gnu::always_inline]] inline void ScoreGroup(
+    const RowArgs& a, int32_t g, const Keys& keys, const bool* visible,
+    int32_t count, int32_t dp, float* q_pad, float* logits, int64_t s0) {
+  const int32_t d = a.keys->layout.head_dim;
+  const int64_t n = a.keys->slots;
+  const int32_t heads_per_pass = std::min(a.group, kQueryFloats / dp);
+  for (int32_t h0 = 0; h0 < a.group; h0 += heads_per_pass) {
+    const int32_t heads = std::min(heads_per_pass, a.group - h0);
+    const int64_t h = int64_t{g} * a.group + h0;
+    const float* q = a.q_row + h * d;
+    if (dp != d) {  // rows padded with zeros to whole 16-lane chunks
+      for (int32_t j = 0; j < heads; ++j) {
+        std::copy_n(a.q_row + (h + j) * d, d, q_pad + j * dp);
+        std::fill(q_pad + j * dp + d, q_pad + (j + 1) * dp, 0.0f);
+      }
+      q = q_pad;
+    }
+    ScoreHeads(q, heads, keys, visible, count, dp, logits + h * n, n, s0);
   }
 }
 
@@ -353,11 +418,14 @@ struct RowArgs {
   const int64_t n = keys.slots;
   const int32_t tile_keys =
       std::clamp(kTileFloats / 2 / dp / kBlock * kBlock, kBlock, kMaxTileKeys);
-  const int32_t heads_per_pass = std::min(a.group, kQueryFloats / dp);
   alignas(64) float key_tile[kTileFloats];
   alignas(64) float q_pad[kQueryFloats];
   // Records of this tile and the next (prefetched while this one is scored).
   const std::byte* records[2][kMaxTileKeys];
+  // f32 and bf16 keys are read in place when no padding is needed.
+  const bool direct =
+      (lay.dtype == DType::kF32 || lay.dtype == DType::kBF16) && d == dp;
+  const std::byte* head_key[kMaxTileKeys];
   bool visible[kMaxTileKeys];
   TileRecords(a, 0, static_cast<int32_t>(std::min<int64_t>(tile_keys, n)),
               records[0]);
@@ -373,20 +441,25 @@ struct RowArgs {
     }
     for (int32_t t = 0; t < count; ++t) visible[t] = now[t] != nullptr;
     for (int32_t g = 0; g < lay.kv_heads; ++g) {
-      LoadTile(lay, now, count, g, dp, key_tile);
-      for (int32_t h0 = 0; h0 < a.group; h0 += heads_per_pass) {
-        const int32_t heads = std::min(heads_per_pass, a.group - h0);
-        const int64_t h = int64_t{g} * a.group + h0;
-        const float* q = a.q_row + h * d;
-        if (dp != d) {  // rows padded with zeros to whole 16-lane chunks
-          for (int32_t j = 0; j < heads; ++j) {
-            std::copy_n(a.q_row + (h + j) * d, d, q_pad + j * dp);
-            std::fill(q_pad + j * dp + d, q_pad + (j + 1) * dp, 0.0f);
-          }
-          q = q_pad;
+      if (direct) {
+        const int32_t padded = (count + kBlock - 1) / kBlock * kBlock;
+        const int64_t offset = int64_t{g} * d * DTypeBytes(lay.dtype);
+        for (int32_t t = 0; t < padded; ++t) {
+          head_key[t] = t < count && now[t] != nullptr
+                            ? now[t] + offset
+                            : reinterpret_cast<const std::byte*>(kZeroKey);
         }
-        ScoreHeads(q, heads, key_tile, visible, count, dp, a.scale,
-                   logits + h * n, n, s0);
+        if (lay.dtype == DType::kF32) {
+          ScoreGroup(a, g, RecordKeys<DType::kF32>{head_key}, visible, count,
+                     dp, q_pad, logits, s0);
+        } else {
+          ScoreGroup(a, g, RecordKeys<DType::kBF16>{head_key}, visible, count,
+                     dp, q_pad, logits, s0);
+        }
+      } else {
+        LoadTile(lay, now, count, g, dp, key_tile);
+        ScoreGroup(a, g, TileKeys{key_tile, dp}, visible, count, dp, q_pad,
+                   logits, s0);
       }
     }
   }
@@ -396,7 +469,8 @@ struct RowArgs {
 // order; a head with no visible slot adds nothing. Overwrites the logits
 // with exp(logit - max).
 [[gnu::always_inline]] inline void AddSoftmax(float* logits, int32_t group,
-                                              int64_t n, float* out_row) {
+                                              int64_t n, float scale,
+                                              float* out_row) {
   for (int32_t j = 0; j < group; ++j) {
     float* l = logits + j * n;
     float mx = -std::numeric_limits<float>::infinity();
@@ -406,7 +480,8 @@ struct RowArgs {
     float denom = 0.0f;
 #pragma omp simd reduction(+ : denom)
     for (int64_t s = 0; s < n; ++s) {
-      const float e = ExpNonPositive(l[s] - mx);  // masked: exp(-inf) = 0
+      // The logits are unscaled dot products: scale > 0 keeps the max.
+      const float e = ExpNonPositive((l[s] - mx) * scale);  // masked: 0
       l[s] = e;
       denom += e;
     }
@@ -433,7 +508,7 @@ void QueryAttention(const PagedKeys& keys, const float* queries,
     float* out_row = out + int64_t{r} * n;
     std::fill(out_row, out_row + n, 0.0f);
     RowLogits(args, scratch);
-    AddSoftmax(scratch, query_heads, n, out_row);
+    AddSoftmax(scratch, query_heads, n, args.scale, out_row);
   }
 }
 
