@@ -426,6 +426,10 @@ template <class Keys>
   const bool direct =
       (lay.dtype == DType::kF32 || lay.dtype == DType::kBF16) && d == dp;
   const std::byte* head_key[kMaxTileKeys];
+  // Keys that stay in a core's L2 between steps (under 1 MiB) come back
+  // faster without the prefetch instructions (7% of the time at 256 bf16
+  // tokens); larger sets come from memory, where they pay.
+  const bool prefetch = n * lay.token_bytes() > (int64_t{1} << 20);
   bool visible[kMaxTileKeys];
   TileRecords(a, 0, static_cast<int32_t>(std::min<int64_t>(tile_keys, n)),
               records[0]);
@@ -437,7 +441,9 @@ template <class Keys>
       const int32_t next = static_cast<int32_t>(
           std::min<int64_t>(tile_keys, n - s0 - tile_keys));
       TileRecords(a, s0 + tile_keys, next, records[(tile + 1) % 2]);
-      PrefetchRecords(records[(tile + 1) % 2], next, lay.token_bytes());
+      if (prefetch) {
+        PrefetchRecords(records[(tile + 1) % 2], next, lay.token_bytes());
+      }
     }
     for (int32_t t = 0; t < count; ++t) visible[t] = now[t] != nullptr;
     for (int32_t g = 0; g < lay.kv_heads; ++g) {
