@@ -186,19 +186,6 @@ template <int kHeads, class Keys>
   }
 }
 
-// Half-precision bits to float, exact (subnormals by a multiply of the
-// denormal float with the same bits by 2^112; inf and NaN kept), branch-free
-// so that it vectorises; equal to dtype.h's F16ToFloat for every input.
-[[gnu::always_inline]] inline float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t rest = static_cast<uint32_t>(h & 0x7fffu) << 13;
-  const float finite = std::bit_cast<float>(rest) * 0x1p112f;
-  const uint32_t bits = (h & 0x7c00u) == 0x7c00u
-                            ? (rest | 0x7f800000u)
-                            : std::bit_cast<uint32_t>(finite);
-  return std::bit_cast<float>(bits | sign);
-}
-
 // code -> float(code - zero) * scale for 16 codes (kernels/quantize.cc's
 // DequantGroup, the same float operations). A fixed-length loop: GCC turns
 // it into byte-to-int widening (__builtin_convertvector becomes lane
@@ -292,7 +279,7 @@ template <int kHeads, class Keys>
     case DType::kF16: {
       const uint16_t* src = reinterpret_cast<const uint16_t*>(token) + first;
 #pragma omp simd
-      for (int32_t i = 0; i < d; ++i) dst[i] = HalfToFloat(src[i]);
+      for (int32_t i = 0; i < d; ++i) dst[i] = HalfToFloat(src[i]);  // dtype.h
       break;
     }
     case DType::kInt8:

@@ -433,6 +433,22 @@ void RunAndCompare(const PagedFixture& f, const std::vector<float>& queries,
   }
 }
 
+// Normal random keys and queries for one shape (queries 1.5 N(0, 1), so the
+// logits q.k / sqrt(d) ~ N(0, 2.25): a spread-out softmax), every row order
+// of RowOrders, compared with the reference at the moderate-logit tolerance.
+void CompareRandomCase(const PageLayout& layout, int64_t slots, int32_t group,
+                       std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  PagedFixture f = MakeKeys(layout, slots, rng, [&](int64_t, int32_t, int32_t) {
+    return normal(rng);
+  });
+  const int32_t query_heads = layout.kv_heads * group;
+  const std::vector<int64_t> row_order = RowOrders(f.order);
+  std::vector<float> queries(row_order.size() * query_heads * layout.head_dim);
+  for (float& q : queries) q = 1.5f * normal(rng);
+  RunAndCompare(f, queries, row_order, query_heads, 1e-5, 1e-6);
+}
+
 TEST(QueryAttentionTest, MatchesReferenceOverAwkwardSizes) {
   constexpr int32_t kKvHeads = 2;
   int cases = 0;
@@ -444,19 +460,10 @@ TEST(QueryAttentionTest, MatchesReferenceOverAwkwardSizes) {
           SCOPED_TRACE(ShapeName(shape));
           std::mt19937 rng(page_tokens * 7919 + head_dim * 31 + group * 3 +
                            static_cast<int>(dtype));
-          std::normal_distribution<float> normal(0.0f, 1.0f);
           // A last page only partly used (padding slots), except for P = 1.
           const int64_t slots = std::max<int64_t>(29, 2 * page_tokens + 5);
-          const PageLayout layout{page_tokens, kKvHeads, head_dim, dtype};
-          PagedFixture f =
-              MakeKeys(layout, slots, rng,
-                       [&](int64_t, int32_t, int32_t) { return normal(rng); });
-          const int32_t query_heads = kKvHeads * group;
-          const std::vector<int64_t> row_order = RowOrders(f.order);
-          // Logits q.k / sqrt(d) ~ N(0, 2.25): a spread-out softmax.
-          std::vector<float> queries(row_order.size() * query_heads * head_dim);
-          for (float& q : queries) q = 1.5f * normal(rng);
-          RunAndCompare(f, queries, row_order, query_heads, 1e-5, 1e-6);
+          CompareRandomCase(PageLayout{page_tokens, kKvHeads, head_dim, dtype},
+                            slots, group, rng);
           if (HasFatalFailure()) return;
           ++cases;
         }
@@ -535,16 +542,8 @@ TEST(QueryAttentionTest, BlockedKernelTails) {
         const Shape shape{5, head_dim, group, DType::kF32};
         SCOPED_TRACE(ShapeName(shape) + " slots " + std::to_string(slots));
         std::mt19937 rng(head_dim * 131 + static_cast<int>(slots) * 7 + group);
-        std::normal_distribution<float> normal(0.0f, 1.0f);
-        const PageLayout layout{5, kKvHeads, head_dim, DType::kF32};
-        PagedFixture f =
-            MakeKeys(layout, slots, rng,
-                     [&](int64_t, int32_t, int32_t) { return normal(rng); });
-        const int32_t query_heads = kKvHeads * group;
-        const std::vector<int64_t> row_order = RowOrders(f.order);
-        std::vector<float> queries(row_order.size() * query_heads * head_dim);
-        for (float& q : queries) q = 1.5f * normal(rng);
-        RunAndCompare(f, queries, row_order, query_heads, 1e-5, 1e-6);
+        CompareRandomCase(PageLayout{5, kKvHeads, head_dim, DType::kF32}, slots,
+                          group, rng);
         if (HasFatalFailure()) return;
         ++cases;
       }
