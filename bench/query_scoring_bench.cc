@@ -355,8 +355,14 @@ void PrintRatios(const CollectingReporter& r) {
   std::printf(
       "\nkernel vs OpenBLAS sgemm, CPU ms per step (one layer, 32 query heads "
       "over 8 kv heads, head_dim 128), same run; ratio = sgemm / kernel; "
-      "target (issue 21): kernel/sgemm_gqa ratio >= 0.8\n"
+      "target (issue 21): kernel/sgemm_gqa ratio >= 0.8; OpenBLAS core: %s "
+      "(OPENBLAS_CORETYPE overrides)\n"
       "%-9s %8s %10s %10s %7s %10s %7s\n",
+#if KVKEEP_HAVE_OPENBLAS
+      openblas_get_corename(),
+#else
+      "none",
+#endif
       "dtype", "resident", "kernel", "sgemm_gqa", "ratio", "sgemm_m32",
       "ratio");
   for (int64_t resident : kResidents) {
