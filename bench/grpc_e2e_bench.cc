@@ -669,8 +669,9 @@ void PrintQueryScoring(const std::vector<Row>& rows) {
           "K^T[128 x resident] (2*32*128*resident flops), timed after the "
           "runs per thread-CPU second on 1 thread: omp = omp-simd dot "
           "products, blas = OpenBLAS cblas_sgemm; mm GF/s = omp on %d "
-          "threads per wall second; e2e/blas: target (issue 21) >= 0.8\n",
-          hw);
+          "threads per wall second; e2e/blas: target (issue 21) >= 0.8; "
+          "OpenBLAS core: %s\n",
+          hw, bench::OpenBlasCore());
       std::printf("%8s %8s %12s %13s %13s %13s %13s %8s %9s\n", "sessions",
                   "resident", "e2e GFLOP/s", "e2e GF/cpu-s", "omp GF/cpu-s",
                   "blas GF/cpu-s", absl::StrCat("mm GF/s ", hw, "thr").c_str(),

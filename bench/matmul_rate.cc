@@ -99,4 +99,6 @@ MatmulRate Matmul(MatmulKernel kernel, int32_t rows, int32_t depth,
       flops * static_cast<double>(products.load()) / elapsed / 1e9};
 }
 
+const char* OpenBlasCore() { return openblas_get_corename(); }
+
 }  // namespace kvkeep::bench

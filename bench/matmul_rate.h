@@ -22,6 +22,13 @@ struct MatmulRate {
 MatmulRate Matmul(MatmulKernel kernel, int32_t rows, int32_t depth,
                   int64_t resident, int threads, double seconds);
 
+// The kernel set OpenBLAS chose for this CPU (openblas_get_corename). On a
+// CPU it does not know it falls back to old ones (Debian's 0.3.21 picks
+// "Prescott", SSE3, on the Xeon these numbers were measured on; setting
+// OPENBLAS_CORETYPE=SkylakeX gives its AVX-512 kernels): print it with
+// every rate.
+const char* OpenBlasCore();
+
 }  // namespace kvkeep::bench
 
 #endif  // KVKEEP_BENCH_MATMUL_RATE_H_

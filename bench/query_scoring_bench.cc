@@ -12,6 +12,22 @@
 //     is evicted and its version never changes).
 //   kernel/<dtype>/<resident>: kernels' QueryAttention alone on the same
 //     shapes.
+//   sgemm_gqa/<resident>: the baseline, OpenBLAS cblas_sgemm (one thread) on
+//     the same products: per kv head q[4 x 128] x K^T[128 x resident] (M =
+//     query heads per kv head, N = resident, K = head_dim), 8 calls, f32 keys
+//     in the layout sgemm reads best ([kv_heads][resident][head_dim]). It
+//     reads f32 keys where the kernel reads f16/bf16/quantised ones, and it
+//     does no softmax.
+//   sgemm_m32/<resident>: grpc_e2e_bench's baseline, q[32 x 128] x
+//     K^T[128 x resident] on one key matrix: the same flops on 1/8 of the key
+//     bytes (as if every query head read the same keys), so sgemm runs at
+//     M = 32; an easier bar for sgemm than the kernel's real shapes.
+// After the runs a table gives, per dtype and resident, the kernel's CPU
+// time per step against both sgemm times from the same run: ratio = sgemm
+// CPU time / kernel CPU time (the kernel's share of sgemm's rate on the dot
+// products; issue 21's target is >= 0.8 against sgemm_gqa). 256 resident
+// tokens keep every dtype's keys in L2 (cache-resident); 32k are read from
+// memory.
 // Counters (rates over the process's CPU time, like the CPU column):
 //   FLOPS: 2 * query_heads * head_dim * resident for the dots plus
 //     7 * query_heads * resident for scaling and softmax (scale, max,
@@ -22,10 +38,16 @@
 //     heads).
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
+
+#if KVKEEP_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -246,10 +268,132 @@ void BM_KernelQueries(benchmark::State& state, DType dtype, int64_t resident) {
   SetCounters(state, dtype, resident);
 }
 
+#if KVKEEP_HAVE_OPENBLAS
+// q and f32 keys for the sgemm baselines: [kKvHeads][resident][kHeadDim].
+struct BlasFixture {
+  int64_t resident = 0;
+  std::vector<float> queries, keys, out;
+};
+
+BlasFixture& BlasFixtureFor(int64_t resident) {
+  static auto* current = new BlasFixture();
+  if (current->resident != resident) {
+    Lcg rng;
+    current->resident = resident;
+    current->queries.resize(kQueryHeads * kHeadDim);
+    current->keys.resize(int64_t{kKvHeads} * resident * kHeadDim);
+    current->out.resize(int64_t{kQueryHeads} * resident);
+    for (float& x : current->queries) x = rng.Next();
+    for (float& x : current->keys) x = rng.Next();
+  }
+  return *current;
+}
+
+// per_kv_head: the kernel's shapes (8 products of M = 4); otherwise one
+// product of M = 32 over kv head 0's keys.
+void BM_Sgemm(benchmark::State& state, int64_t resident, bool per_kv_head) {
+  openblas_set_num_threads(1);
+  BlasFixture& f = BlasFixtureFor(resident);
+  const int n = static_cast<int>(resident);
+  constexpr int32_t kGroup = kQueryHeads / kKvHeads;
+  for (auto _ : state) {
+    if (per_kv_head) {
+      for (int32_t g = 0; g < kKvHeads; ++g) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kGroup, n,
+                    kHeadDim, 1.0f, f.queries.data() + g * kGroup * kHeadDim,
+                    kHeadDim, f.keys.data() + int64_t{g} * resident * kHeadDim,
+                    kHeadDim, 0.0f, f.out.data() + int64_t{g} * kGroup * n, n);
+      }
+    } else {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kQueryHeads, n,
+                  kHeadDim, 1.0f, f.queries.data(), kHeadDim, f.keys.data(),
+                  kHeadDim, 0.0f, f.out.data(), n);
+    }
+    benchmark::DoNotOptimize(f.out.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["FLOPS"] = benchmark::Counter(
+      2.0 * kQueryHeads * kHeadDim * resident * state.iterations(),
+      benchmark::Counter::kIsRate);
+}
+#endif
+
+// Prints the runs as the console reporter does and keeps each benchmark's
+// median CPU seconds per iteration for the table after them.
+class CollectingReporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (const Run& run : runs) {
+      if (run.run_type != Run::RT_Iteration || run.error_occurred ||
+          run.iterations == 0) {
+        continue;
+      }
+      cpu_s_[run.benchmark_name()].push_back(
+          run.cpu_accumulated_time / static_cast<double>(run.iterations));
+    }
+  }
+
+  // Median CPU seconds per iteration of `name`; 0 if it did not run.
+  double CpuSeconds(const std::string& name) const {
+    auto it = cpu_s_.find(name);
+    if (it == cpu_s_.end()) return 0;
+    std::vector<double> v = it->second;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  }
+
+ private:
+  std::map<std::string, std::vector<double>> cpu_s_;
+};
+
+constexpr DType kDTypes[] = {DType::kF32,  DType::kF16,     DType::kBF16,
+                             DType::kInt8, DType::kFp8E4M3, DType::kInt4};
+constexpr int64_t kResidents[] = {256, 1024, 8192, 32768};
+
+void PrintRatios(const CollectingReporter& r) {
+  std::printf(
+      "\nkernel vs OpenBLAS sgemm, CPU ms per step (one layer, 32 query heads "
+      "over 8 kv heads, head_dim 128), same run; ratio = sgemm / kernel; "
+      "target (issue 21): kernel/sgemm_gqa ratio >= 0.8; OpenBLAS core: %s "
+      "(OPENBLAS_CORETYPE overrides)\n"
+      "%-9s %8s %10s %10s %7s %10s %7s\n",
+#if KVKEEP_HAVE_OPENBLAS
+      openblas_get_corename(),
+#else
+      "none",
+#endif
+      "dtype", "resident", "kernel", "sgemm_gqa", "ratio", "sgemm_m32",
+      "ratio");
+  for (int64_t resident : kResidents) {
+    const double gqa = r.CpuSeconds(absl::StrCat("sgemm_gqa/", resident));
+    const double m32 = r.CpuSeconds(absl::StrCat("sgemm_m32/", resident));
+    for (DType dtype : kDTypes) {
+      const double k = r.CpuSeconds(absl::StrCat(
+          "kernel/", std::string(DTypeName(dtype)), "/", resident));
+      if (k == 0) continue;
+      std::printf("%-9s %8lld %10.3f %10.3f %7.2f %10.3f %7.2f\n",
+                  std::string(DTypeName(dtype)).c_str(),
+                  static_cast<long long>(resident), k * 1e3, gqa * 1e3, gqa / k,
+                  m32 * 1e3, m32 / k);
+    }
+  }
+#if !KVKEEP_HAVE_OPENBLAS
+  std::printf("(built without OpenBLAS: no sgemm baseline)\n");
+#endif
+}
+
 void RegisterAll() {
-  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kInt8,
-                      DType::kFp8E4M3, DType::kInt4}) {
-    for (int64_t resident : {1024, 8192, 32768}) {
+  for (int64_t resident : kResidents) {
+#if KVKEEP_HAVE_OPENBLAS
+    benchmark::RegisterBenchmark(absl::StrCat("sgemm_gqa/", resident).c_str(),
+                                 BM_Sgemm, resident, true)
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(absl::StrCat("sgemm_m32/", resident).c_str(),
+                                 BM_Sgemm, resident, false)
+        ->Unit(benchmark::kMillisecond);
+#endif
+    for (DType dtype : kDTypes) {
       const std::string suffix =
           absl::StrCat("/", std::string(DTypeName(dtype)), "/", resident);
       benchmark::RegisterBenchmark(absl::StrCat("session", suffix).c_str(),
@@ -269,7 +413,9 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   kvkeep::RegisterAll();
-  benchmark::RunSpecifiedBenchmarks();
+  kvkeep::CollectingReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  kvkeep::PrintRatios(reporter);
   benchmark::Shutdown();
   return 0;
 }

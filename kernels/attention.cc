@@ -4,8 +4,6 @@
 #include <cmath>
 #include <limits>
 
-#include "kernels/quantize.h"
-
 namespace kvkeep {
 namespace {
 
@@ -140,63 +138,6 @@ RowCheck CheckRows(const float* rows_data, int32_t rows, int64_t slots) {
     Fold(check, sum, mn);
   }
   return Finish(check, rows);
-}
-
-void QueryAttention(const PagedKeys& keys, const float* queries,
-                    const int64_t* row_order, int32_t rows, int32_t query_heads,
-                    float* out, float* scratch) {
-  const PageLayout& lay = keys.layout;
-  const int32_t d = lay.head_dim;
-  const int32_t group = query_heads / lay.kv_heads;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const int64_t n = keys.slots;
-  float* key = scratch + static_cast<int64_t>(query_heads) * n;  // [d]
-  for (int32_t r = 0; r < rows; ++r) {
-    const float* q_row = queries + static_cast<int64_t>(r) * query_heads * d;
-    float* logits = scratch;  // [query_heads][n]
-    // Logits, one key load per (slot, kv head) shared by its query heads.
-    for (int64_t s = 0; s < n; ++s) {
-      const bool visible = keys.order.empty() || keys.order[s] <= row_order[r];
-      const PageId page = keys.pages[s / lay.page_tokens];
-      const std::byte* k_base =
-          keys.arena +
-          lay.key_offset(page, static_cast<int32_t>(s % lay.page_tokens));
-      for (int32_t g = 0; g < lay.kv_heads; ++g) {
-        if (visible) {
-          WidenHead(lay, k_base, g, key);
-        }
-        for (int32_t j = 0; j < group; ++j) {
-          const int32_t h = g * group + j;
-          float dot = -std::numeric_limits<float>::infinity();
-          if (visible) {
-            const float* q = q_row + static_cast<int64_t>(h) * d;
-            dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-            for (int32_t i = 0; i < d; ++i) dot += q[i] * key[i];
-            dot *= scale;
-          }
-          logits[static_cast<int64_t>(h) * n + s] = dot;
-        }
-      }
-    }
-    // Numerically safe softmax per head, summed over heads into out[r].
-    float* out_row = out + static_cast<int64_t>(r) * n;
-    std::fill(out_row, out_row + n, 0.0f);
-    for (int32_t h = 0; h < query_heads; ++h) {
-      float* l = logits + static_cast<int64_t>(h) * n;
-      float mx = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : mx)
-      for (int64_t s = 0; s < n; ++s) mx = l[s] > mx ? l[s] : mx;
-      if (mx == -std::numeric_limits<float>::infinity()) continue;
-      float denom = 0.0f;
-      for (int64_t s = 0; s < n; ++s) {
-        l[s] = std::exp(l[s] - mx);  // exp(-inf) = 0 for masked slots
-        denom += l[s];
-      }
-      const float inv = 1.0f / denom;
-      for (int64_t s = 0; s < n; ++s) out_row[s] += l[s] * inv;
-    }
-  }
 }
 
 }  // namespace kvkeep

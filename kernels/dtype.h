@@ -117,6 +117,26 @@ KVKEEP_HOST_DEVICE inline float F16ToFloat(uint16_t h) {
   return BitsToFloat(bits);
 }
 
+// IEEE binary16 -> binary32, bit-identical to F16ToFloat (NaN
+// payloads included) but branch-free (Maratyszcza's FP16 method, plus a
+// select for infinities and NaNs), so a loop over it vectorises (the
+// kernels' query scoring, services/lm). Host only.
+inline float HalfToFloat(uint16_t h) {
+  const uint32_t w = static_cast<uint32_t>(h) << 16;
+  const uint32_t sign = w & 0x80000000u;
+  const uint32_t two_w = w + w;
+  const float normalized =
+      BitsToFloat((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+  const float denormalized = BitsToFloat((two_w >> 17) | (126u << 23)) - 0.5f;
+  // Infinities and NaNs directly: the multiplication would quiet a
+  // signalling NaN.
+  const uint32_t inf_nan = 0x7f800000u | ((two_w >> 4) & 0x007fe000u);
+  uint32_t bits =
+      two_w < (1u << 27) ? FloatToBits(denormalized) : FloatToBits(normalized);
+  bits = two_w >= 0xf8000000u ? inf_nan : bits;
+  return BitsToFloat(sign | bits);
+}
+
 // binary32 -> binary16, round to nearest even.
 KVKEEP_HOST_DEVICE inline uint16_t FloatToF16(float f) {
   const uint32_t bits = FloatToBits(f);

@@ -433,6 +433,22 @@ void RunAndCompare(const PagedFixture& f, const std::vector<float>& queries,
   }
 }
 
+// Normal random keys and queries for one shape (queries 1.5 N(0, 1), so the
+// logits q.k / sqrt(d) ~ N(0, 2.25): a spread-out softmax), every row order
+// of RowOrders, compared with the reference at the moderate-logit tolerance.
+void CompareRandomCase(const PageLayout& layout, int64_t slots, int32_t group,
+                       std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  PagedFixture f = MakeKeys(layout, slots, rng, [&](int64_t, int32_t, int32_t) {
+    return normal(rng);
+  });
+  const int32_t query_heads = layout.kv_heads * group;
+  const std::vector<int64_t> row_order = RowOrders(f.order);
+  std::vector<float> queries(row_order.size() * query_heads * layout.head_dim);
+  for (float& q : queries) q = 1.5f * normal(rng);
+  RunAndCompare(f, queries, row_order, query_heads, 1e-5, 1e-6);
+}
+
 TEST(QueryAttentionTest, MatchesReferenceOverAwkwardSizes) {
   constexpr int32_t kKvHeads = 2;
   int cases = 0;
@@ -444,19 +460,10 @@ TEST(QueryAttentionTest, MatchesReferenceOverAwkwardSizes) {
           SCOPED_TRACE(ShapeName(shape));
           std::mt19937 rng(page_tokens * 7919 + head_dim * 31 + group * 3 +
                            static_cast<int>(dtype));
-          std::normal_distribution<float> normal(0.0f, 1.0f);
           // A last page only partly used (padding slots), except for P = 1.
           const int64_t slots = std::max<int64_t>(29, 2 * page_tokens + 5);
-          const PageLayout layout{page_tokens, kKvHeads, head_dim, dtype};
-          PagedFixture f =
-              MakeKeys(layout, slots, rng,
-                       [&](int64_t, int32_t, int32_t) { return normal(rng); });
-          const int32_t query_heads = kKvHeads * group;
-          const std::vector<int64_t> row_order = RowOrders(f.order);
-          // Logits q.k / sqrt(d) ~ N(0, 2.25): a spread-out softmax.
-          std::vector<float> queries(row_order.size() * query_heads * head_dim);
-          for (float& q : queries) q = 1.5f * normal(rng);
-          RunAndCompare(f, queries, row_order, query_heads, 1e-5, 1e-6);
+          CompareRandomCase(PageLayout{page_tokens, kKvHeads, head_dim, dtype},
+                            slots, group, rng);
           if (HasFatalFailure()) return;
           ++cases;
         }
@@ -519,6 +526,69 @@ TEST(QueryAttentionTest, LargeLogitsDoNotOverflow) {
       }
     }
   }
+}
+
+// The blocked kernel's tails: head dims that leave a partial 16-lane chunk
+// (1, 15, 17, 72) or take the smallest tile (1024: 8 keys), slot counts
+// around its register blocks (8 keys) and tiles (64 keys at head dims up to
+// 16, 32 at 128), and GQA groups that leave head tails (3 = 2 + 1,
+// 5 = 4 + 1, 7 = 4 + 2 + 1).
+TEST(QueryAttentionTest, BlockedKernelTails) {
+  constexpr int32_t kKvHeads = 2;
+  int cases = 0;
+  for (int32_t head_dim : {1, 15, 17, 72, 1024}) {
+    for (int64_t slots : {1, 7, 9, 31, 33, 65, 130}) {
+      for (int32_t group : {1, 2, 3, 5, 7}) {
+        const Shape shape{5, head_dim, group, DType::kF32};
+        SCOPED_TRACE(ShapeName(shape) + " slots " + std::to_string(slots));
+        std::mt19937 rng(head_dim * 131 + static_cast<int>(slots) * 7 + group);
+        CompareRandomCase(PageLayout{5, kKvHeads, head_dim, DType::kF32}, slots,
+                          group, rng);
+        if (HasFatalFailure()) return;
+        ++cases;
+      }
+    }
+  }
+  EXPECT_EQ(cases, 5 * 7 * 5);
+}
+
+// The kernel widens f16 keys with its own branch-free decode: every finite
+// binary16 value as a key scores exactly as f32 keys holding dtype.h's
+// F16ToFloat of it.
+TEST(QueryAttentionTest, EveryFiniteHalfKeyDecodesExactly) {
+  constexpr int32_t kDim = 128;
+  std::vector<float> values;
+  for (uint32_t h = 0; h < 0x10000u; ++h) {
+    if ((h & 0x7c00u) != 0x7c00u) values.push_back(F16ToFloat(uint16_t(h)));
+  }
+  ASSERT_EQ(values.size(), 63488u);
+  const int64_t slots = static_cast<int64_t>(values.size()) / kDim;
+  auto key = [&](int64_t s, int32_t, int32_t i) {
+    return values[s * kDim + i];
+  };
+  // The same seed: the same shuffled pages and arrival orders.
+  std::mt19937 rng(16), rng_wide(16);
+  const PagedFixture half =
+      MakeKeys(PageLayout{16, 1, kDim, DType::kF16}, slots, rng, key);
+  const PagedFixture wide =
+      MakeKeys(PageLayout{16, 1, kDim, DType::kF32}, slots, rng_wide, key);
+  ASSERT_EQ(half.pages, wide.pages);
+  // Small queries keep the logits (keys up to 65504) finite and spread.
+  std::normal_distribution<float> normal(0.0f, 1e-5f);
+  std::vector<float> queries(2 * 2 * kDim);
+  for (float& q : queries) q = normal(rng);
+  const std::vector<int64_t> row_order = RowOrders(half.order);
+  const std::vector<int64_t> rows = {row_order[0], row_order[1]};
+  std::vector<float> out_half(2 * slots), out_wide(2 * slots);
+  std::vector<float> scratch(2 * slots + kDim);
+  QueryAttention(half.keys(), queries.data(), rows.data(), 2, 2,
+                 out_half.data(), scratch.data());
+  QueryAttention(wide.keys(), queries.data(), rows.data(), 2, 2,
+                 out_wide.data(), scratch.data());
+  EXPECT_EQ(out_half, out_wide);
+  double total = 0;
+  for (float p : out_half) total += p;
+  EXPECT_NEAR(total, 2 * 2, 1e-4);  // two rows of two heads' distributions
 }
 
 // All query rows of one call share keys but not masks; a row with no visible

@@ -363,43 +363,80 @@ TEST(QuantFormatTest, DequantizeToNarrowDtypesRoundsTheFloats) {
   }
 }
 
-TEST(QuantFormatTest, ScoringQuantisedKeysEqualsScoringTheirValues) {
-  // Query scoring dequantises inside the kernel: the same logits as f32 keys
-  // holding the dequantised values, bit for bit.
-  for (DType dtype : {DType::kInt8, DType::kFp8E4M3, DType::kInt4}) {
-    const PageLayout q{3, 2, 64, dtype, 16};
-    const PageLayout f{3, 2, 64, DType::kF32};
-    const int64_t slots = 11;
-    const std::vector<float> x = OutlierData(slots, 2, 64, 21);
-    const std::vector<uint8_t> records = Quantize(q, x, slots);
-    const std::vector<float> values = Dequantize(q, records, slots);
-    // Pages 3, 0, 2, 1 hold slots in that order; K records then V (zeros).
-    const std::vector<PageId> pages = {3, 0, 2, 1};
-    std::vector<std::byte> qa(4 * q.page_bytes()), fa(4 * f.page_bytes());
-    const std::vector<std::byte> fv = Bytes(values);
-    for (int64_t s = 0; s < slots; ++s) {
-      const PageId p = pages[s / 3];
-      const int32_t in_page = static_cast<int32_t>(s % 3);
-      std::memcpy(qa.data() + q.key_offset(p, in_page),
-                  records.data() + s * q.token_bytes(), q.token_bytes());
-      std::memcpy(fa.data() + f.key_offset(p, in_page),
-                  fv.data() + s * f.token_bytes(), f.token_bytes());
-    }
-    std::mt19937 rng(5);
-    std::normal_distribution<float> normal;
-    std::vector<float> queries(2 * 4 * 64);
-    for (float& v : queries) v = normal(rng);
-    const std::vector<int64_t> row_order = {10, 6};
-    std::vector<int64_t> order(slots);
-    for (int64_t s = 0; s < slots; ++s) order[s] = s;
-    std::vector<float> out_q(2 * slots), out_f(2 * slots);
-    std::vector<float> scratch(4 * slots + 64);
-    QueryAttention(PagedKeys{qa.data(), q, pages, order, slots}, queries.data(),
-                   row_order.data(), 2, 4, out_q.data(), scratch.data());
-    QueryAttention(PagedKeys{fa.data(), f, pages, order, slots}, queries.data(),
-                   row_order.data(), 2, 4, out_f.data(), scratch.data());
-    EXPECT_EQ(out_q, out_f) << DTypeName(dtype);
+// One query-scoring case: quantised keys against f32 keys holding their
+// dequantised values, bit for bit.
+void ExpectScoringMatchesValues(DType dtype, int32_t head_dim,
+                                int32_t group_size, int64_t slots,
+                                int32_t group) {
+  SCOPED_TRACE(::testing::Message()
+               << DTypeName(dtype) << " head_dim " << head_dim << " groups of "
+               << group_size << " slots " << slots << " gqa " << group);
+  constexpr int32_t kPageTokens = 3, kKvHeads = 2;
+  const PageLayout q{kPageTokens, kKvHeads, head_dim, dtype, group_size};
+  const PageLayout f{kPageTokens, kKvHeads, head_dim, DType::kF32};
+  const std::vector<float> x = OutlierData(slots, kKvHeads, head_dim, 21);
+  const std::vector<uint8_t> records = Quantize(q, x, slots);
+  const std::vector<float> values = Dequantize(q, records, slots);
+  // The block table takes pages in reverse order; K records then V (zeros).
+  const int64_t num_pages = (slots + kPageTokens - 1) / kPageTokens;
+  std::vector<PageId> pages(num_pages);
+  for (int64_t p = 0; p < num_pages; ++p) {
+    pages[p] = static_cast<PageId>(num_pages - 1 - p);
   }
+  std::vector<std::byte> qa(num_pages * q.page_bytes());
+  std::vector<std::byte> fa(num_pages * f.page_bytes());
+  const std::vector<std::byte> fv = Bytes(values);
+  for (int64_t s = 0; s < slots; ++s) {
+    const PageId p = pages[s / kPageTokens];
+    const int32_t in_page = static_cast<int32_t>(s % kPageTokens);
+    std::memcpy(qa.data() + q.key_offset(p, in_page),
+                records.data() + s * q.token_bytes(), q.token_bytes());
+    std::memcpy(fa.data() + f.key_offset(p, in_page),
+                fv.data() + s * f.token_bytes(), f.token_bytes());
+  }
+  const int32_t query_heads = kKvHeads * group;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  std::vector<float> queries(2 * query_heads * head_dim);
+  for (float& v : queries) v = normal(rng);
+  const std::vector<int64_t> row_order = {slots - 1, slots / 2};
+  std::vector<int64_t> order(slots);
+  for (int64_t s = 0; s < slots; ++s) order[s] = s;
+  std::vector<float> out_q(2 * slots), out_f(2 * slots);
+  std::vector<float> scratch(query_heads * slots + head_dim);
+  QueryAttention(PagedKeys{qa.data(), q, pages, order, slots}, queries.data(),
+                 row_order.data(), 2, query_heads, out_q.data(),
+                 scratch.data());
+  QueryAttention(PagedKeys{fa.data(), f, pages, order, slots}, queries.data(),
+                 row_order.data(), 2, query_heads, out_f.data(),
+                 scratch.data());
+  EXPECT_EQ(out_q, out_f);
+  EXPECT_GT(out_q[0], 0.0f);
+}
+
+TEST(QuantFormatTest, ScoringQuantisedKeysEqualsScoringTheirValues) {
+  // Query scoring dequantises inside the kernel (into its key tile): the
+  // same logits as f32 keys holding the dequantised values, bit for bit,
+  // over head dims that leave a partial 16-lane chunk, groups of 8 to 32,
+  // slot counts around the kernel's tiles (32 keys at head_dim 128) and
+  // register blocks (8 keys), and GQA groups that leave head tails.
+  int cases = 0;
+  for (DType dtype : {DType::kInt8, DType::kFp8E4M3, DType::kInt4}) {
+    for (int32_t head_dim : {32, 80, 128}) {
+      for (int32_t group_size : {8, 16, 32}) {
+        if (head_dim % group_size != 0) continue;
+        for (int64_t slots : {1, 11, 33, 70}) {
+          for (int32_t group : {1, 3, 4}) {
+            ExpectScoringMatchesValues(dtype, head_dim, group_size, slots,
+                                       group);
+            if (HasFailure()) return;
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 3 * 8 * 4 * 3);
 }
 
 }  // namespace

@@ -210,7 +210,7 @@ template <int V>
   float sum = 0;
 #pragma omp simd reduction(+ : sum)
   for (int64_t s = 0; s < limit; ++s) {
-    row[s] = Exp(row[s] - max);
+    row[s] = FastExp(row[s] - max);
     sum += row[s];
   }
   std::fill(row + limit, row + keys, 0.0f);
@@ -377,7 +377,7 @@ KVKEEP_LM_CLONES
 void SwiGlu(const float* gate, const float* up, int64_t count, float* out) {
 #pragma omp simd
   for (int64_t i = 0; i < count; ++i) {
-    out[i] = gate[i] / (1.0f + Exp(-gate[i])) * up[i];
+    out[i] = gate[i] / (1.0f + FastExp(-gate[i])) * up[i];
   }
 }
 
@@ -544,7 +544,7 @@ void StreamingCombine(const GroupAttentionArgs& a, const StreamPartial* parts) {
     scale.resize(chunks);
     float sum = 0;
     for (int64_t c = 0; c < chunks; ++c) {
-      scale[c] = parts[c].sum[v] > 0 ? Exp(parts[c].max[v] - max) : 0.0f;
+      scale[c] = parts[c].sum[v] > 0 ? FastExp(parts[c].max[v] - max) : 0.0f;
       sum += parts[c].sum[v] * scale[c];
     }
     float* out = a.out + vecs[v].i * a.out_stride + int64_t{vecs[v].j} * hd;

@@ -22,6 +22,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/dtype.h"
+#include "kernels/fast_exp.h"
 #include "kernels/quantize.h"
 
 namespace kvkeep::lm::internal {
@@ -30,48 +31,11 @@ namespace kvkeep::lm::internal {
 // larger ones).
 inline constexpr int32_t kMaxHeadDim = 512;
 
-// e^x in float32, within 2 ulp of the true value for x in [-87, 88] (Cephes'
-// expf: x = n ln2 + r, a degree-6 polynomial in r, n added to the
-// exponent); x is clamped to that range, so e^-1000 is about 1e-38 and not
-// 0. Branch-free, so loops over it vectorise.
-inline float Exp(float x) {
-  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  // Round x log2(e) to the nearest integer n with the 1.5 * 2^23 trick.
-  constexpr float kShifter = 12582912.0f;
-  const float t = x * 1.44269504088896341f + kShifter;
-  const float n = t - kShifter;
-  const int32_t ni =
-      std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(kShifter);
-  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float y = p * r * r + r + 1.0f;
-  return std::bit_cast<float>(std::bit_cast<int32_t>(y) + (ni << 23));
-}
-
-// IEEE binary16 -> binary32, bit-identical to kvkeep::F16ToFloat (NaN
-// payloads included) but branch-free (Maratyszcza's FP16 method, plus a
-// select for infinities and NaNs), so a loop over it vectorises.
-inline float HalfToFloat(uint16_t h) {
-  const uint32_t w = static_cast<uint32_t>(h) << 16;
-  const uint32_t sign = w & 0x80000000u;
-  const uint32_t two_w = w + w;
-  const float normalized =
-      std::bit_cast<float>((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
-  const float denormalized =
-      std::bit_cast<float>((two_w >> 17) | (126u << 23)) - 0.5f;
-  // Infinities and NaNs directly: the multiplication would quiet a
-  // signalling NaN.
-  const uint32_t inf_nan = 0x7f800000u | ((two_w >> 4) & 0x007fe000u);
-  uint32_t bits = two_w < (1u << 27) ? std::bit_cast<uint32_t>(denormalized)
-                                     : std::bit_cast<uint32_t>(normalized);
-  bits = two_w >= 0xf8000000u ? inf_nan : bits;
-  return std::bit_cast<float>(sign | bits);
-}
+// e^x (kernels/fast_exp.h) and binary16 -> float (kernels/dtype.h), both
+// branch-free so that loops over them vectorise; the store's query scoring
+// uses the same two.
+using ::kvkeep::FastExp;
+using ::kvkeep::HalfToFloat;
 
 // out[i] = element i of the `count` elements of `dtype` at src, exactly.
 void ToFloat(DType dtype, const std::byte* src, int64_t count, float* out);
