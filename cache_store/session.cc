@@ -586,28 +586,35 @@ absl::Status Session::PrepareAttention(std::span<const LayerScores> scores,
     if (absl::Status s = CheckScoreShape(in, InputShape(n)); !s.ok()) {
       return InSession(id_, s);
     }
-    // Head-reduced rows are used where they lie; the rest need scratch.
+    // Head-reduced rows are used where they lie; the rest need scratch, and
+    // so do the new scores of the fused path.
     offsets.push_back(total);
-    if (in.source != ScoreSource::kReduced) total += int64_t{in.rows} * n;
+    if (FusedScores(in)) {
+      total += n;
+    } else if (in.source != ScoreSource::kReduced) {
+      total += int64_t{in.rows} * n;
+    }
   }
 
   rows_out.resize(total);
   rows.clear();
   for (size_t i = 0; i < scores.size(); ++i) {
     const LayerScores& in = scores[i];
-    Layer& layer = layers_[in.layer];
+    const Layer& layer = layers_[in.layer];
     const int64_t n = layer.size() + growth;
     float* out = rows_out.data() + offsets[i];
-    rows.push_back(in.source == ScoreSource::kReduced ? in.data.data() : out);
+    const bool fused = FusedScores(in);
+    rows.push_back(in.source == ScoreSource::kReduced && !fused ? in.data.data()
+                                                                : out);
     absl::Status s;
-    if (FusedScores(in)) {
-      // Checked and added in one read of the rows, into scratch: a later
-      // layer's failure leaves every layer's scores as they were.
-      layer.next_score.resize(n);
+    if (fused) {
+      // Checked and added in one read of the rows, into scratch (per thread,
+      // so it stays in cache): a later layer's failure leaves every layer's
+      // scores as they were.
       s = CheckProbabilityRows(
           in, InputShape(n),
           AccumulateCheckedRows(in.data.data(), in.rows, n, layer.score.data(),
-                                layer.size(), layer.next_score.data()));
+                                layer.size(), out));
     } else {
       // Per-head rows are summed into `out` as they are checked.
       const std::span<float> head_sums(
@@ -677,9 +684,9 @@ void Session::ApplyAttention(std::span<const LayerScores> scores,
     const StepAttention step{rows[i], scores[i].rows, layer.size(),
                              layout_.query_heads};
     if (FusedScores(scores[i])) {
-      // PrepareAttention wrote the new scores (for the slots after this
-      // step's append, which put its tokens at the end).
-      layer.score.swap(layer.next_score);
+      // PrepareAttention wrote the new scores to rows[i], over the slots
+      // after this step's append (which put its tokens at the end).
+      std::copy_n(rows[i], layer.size(), layer.score.begin());
     } else {
       const ScopedTimer timer(&work_.scoring_time);
       policy_->Observe(Tokens(layer), step);

@@ -38,24 +38,7 @@ ModelLayout Layout() {
   return l;
 }
 
-// One token's K/V for every layer.
-struct Token {
-  std::vector<int64_t> positions;
-  std::vector<std::vector<std::byte>> keys, values;
-  std::vector<LayerKv> layers;
-
-  Token(const ModelLayout& l, std::vector<int64_t> pos)
-      : positions(std::move(pos)) {
-    for (int32_t layer = 0; layer < kLayers; ++layer) {
-      keys.push_back(test_data::TokenBytes(l, layer, positions, false));
-      values.push_back(test_data::TokenBytes(l, layer, positions, true));
-    }
-    for (int32_t layer = 0; layer < kLayers; ++layer) {
-      layers.push_back(LayerKv{keys[layer], values[layer]});
-    }
-  }
-  AppendRequest request() const { return AppendRequest{positions, layers}; }
-};
+using test_data::AppendBuffers;
 
 // A store with one session of `policy` prefilled with kBudget - 4 tokens.
 struct Twin {
@@ -93,7 +76,7 @@ Twin MakeTwin(const std::string& policy) {
   std::vector<int64_t> prompt;
   for (int64_t p = 0; p < kBudget - 4; ++p) prompt.push_back(p);
   absl::StatusOr<StepResult> r =
-      t.store->Append(t.id, Token(Layout(), prompt).request());
+      t.store->Append(t.id, AppendBuffers(Layout(), prompt).request());
   EXPECT_TRUE(r.ok()) << r.status();
   if (r.ok()) t.Follow(*r);
   return t;
@@ -116,7 +99,7 @@ TEST_P(FusedScoresTest, ARefusedStepLeavesTheScoresBitForBit) {
   int64_t evicted = 0;
   for (int64_t step = 0; step < 40; ++step) {
     SCOPED_TRACE(::testing::Message() << "step " << step);
-    const Token token(Layout(), {kBudget - 4 + step});
+    const AppendBuffers token(Layout(), {kBudget - 4 + step});
     // Valid rows over the slots after the append: up to 4 heads' worth.
     std::vector<std::vector<float>> rows(kLayers);
     std::vector<LayerScores> good;
