@@ -586,35 +586,28 @@ absl::Status Session::PrepareAttention(std::span<const LayerScores> scores,
     if (absl::Status s = CheckScoreShape(in, InputShape(n)); !s.ok()) {
       return InSession(id_, s);
     }
-    // Head-reduced rows are used where they lie; the rest need scratch, and
-    // so do the new scores of the fused path.
+    // Head-reduced rows are used where they lie; the rest need scratch.
     offsets.push_back(total);
-    if (FusedScores(in)) {
-      total += n;
-    } else if (in.source != ScoreSource::kReduced) {
-      total += int64_t{in.rows} * n;
-    }
+    if (in.source != ScoreSource::kReduced) total += int64_t{in.rows} * n;
   }
 
   rows_out.resize(total);
   rows.clear();
   for (size_t i = 0; i < scores.size(); ++i) {
     const LayerScores& in = scores[i];
-    const Layer& layer = layers_[in.layer];
+    Layer& layer = layers_[in.layer];
     const int64_t n = layer.size() + growth;
     float* out = rows_out.data() + offsets[i];
-    const bool fused = FusedScores(in);
-    rows.push_back(in.source == ScoreSource::kReduced && !fused ? in.data.data()
-                                                                : out);
+    rows.push_back(in.source == ScoreSource::kReduced ? in.data.data() : out);
     absl::Status s;
-    if (fused) {
-      // Checked and added in one read of the rows, into scratch (per thread,
-      // so it stays in cache): a later layer's failure leaves every layer's
-      // scores as they were.
+    if (FusedScores(in)) {
+      // Checked and added in one read of the rows, into scratch: a later
+      // layer's failure leaves every layer's scores as they were.
+      layer.next_score.resize(n);
       s = CheckProbabilityRows(
           in, InputShape(n),
           AccumulateCheckedRows(in.data.data(), in.rows, n, layer.score.data(),
-                                layer.size(), out));
+                                layer.size(), layer.next_score.data()));
     } else {
       // Per-head rows are summed into `out` as they are checked.
       const std::span<float> head_sums(
@@ -684,9 +677,9 @@ void Session::ApplyAttention(std::span<const LayerScores> scores,
     const StepAttention step{rows[i], scores[i].rows, layer.size(),
                              layout_.query_heads};
     if (FusedScores(scores[i])) {
-      // PrepareAttention wrote the new scores to rows[i], over the slots
-      // after this step's append (which put its tokens at the end).
-      std::copy_n(rows[i], layer.size(), layer.score.begin());
+      // PrepareAttention wrote the new scores (for the slots after this
+      // step's append, which put its tokens at the end).
+      layer.score.swap(layer.next_score);
     } else {
       const ScopedTimer timer(&work_.scoring_time);
       policy_->Observe(Tokens(layer), step);

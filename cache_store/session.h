@@ -161,6 +161,9 @@ class Session {
     std::vector<int64_t> position;  // per slot
     std::vector<int64_t> arrival;   // per slot
     std::vector<float> score;       // per slot
+    // The step's new scores on the fused path (FusedScores), swapped in for
+    // `score` once the step can no longer fail; scratch between steps.
+    std::vector<float> next_score;
     std::vector<uint64_t>
         history;  // per slot (empty unless the policy uses it)
     int64_t appended = 0;
@@ -218,9 +221,8 @@ class Session {
                           StepResult& result);
   // True when `in` takes the fused path: head-reduced rows for a policy
   // whose Observe only adds them (EvictionPolicy::observe_adds_rows).
-  // PrepareAttention then checks them and writes the layer's new scores to
-  // per-thread scratch (its rows_out, where rows[i] points) in one pass, and
-  // ApplyAttention copies those over the layer's scores.
+  // PrepareAttention then checks them and writes the layer's new scores into
+  // its next_score in one pass, and ApplyAttention swaps those in.
   bool FusedScores(const LayerScores& in) const {
     return in.source == ScoreSource::kReduced && policy_->observe_adds_rows();
   }
@@ -230,8 +232,7 @@ class Session {
   // Validates `scores` as they will apply after `growth` more tokens are
   // appended, and points rows[i] at entry i's head-summed rows: the caller's
   // own buffer for head-reduced input, else space in rows_out, filled now for
-  // probabilities and by FinishAttention for queries (which read the keys);
-  // on the fused path (FusedScores) at the layer's new scores in rows_out.
+  // probabilities and by FinishAttention for queries (which read the keys).
   absl::Status PrepareAttention(std::span<const LayerScores> scores,
                                 int64_t growth, std::vector<float>& rows_out,
                                 std::vector<const float*>& rows);
