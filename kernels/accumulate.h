@@ -4,7 +4,9 @@
 // (h2o's `score[j] += sum over h of attn[h][t][j]`) and, optionally, into
 // per-kv-head scores (the sum over the query heads of each GQA group), for the
 // per-head token sets that come later. It is the store's one accumulation:
-// every policy folds its rows in through it (EvictionPolicy::AccumulateRows).
+// every policy folds its rows in through it (EvictionPolicy::AccumulateRows),
+// or, for head-reduced rows on the decode hot path, through
+// AccumulateCheckedRows below, which gives the same sums bit for bit.
 // Thread-safe (no shared state); the caller owns every array.
 #ifndef KVKEEP_KERNELS_ACCUMULATE_H_
 #define KVKEEP_KERNELS_ACCUMULATE_H_
