@@ -89,6 +89,10 @@ class EvictionPolicy {
 
   // Folds one step's attention into the per-token state.
   virtual void Observe(LayerTokens tokens, const StepAttention& step) const {}
+  // True when Observe is exactly AccumulateRows and OnAppend starts a score
+  // at 0 (h2o, h2o_page): the session may then check head-reduced rows and
+  // add them in one pass (AccumulateCheckedRows) instead of calling Observe.
+  virtual bool observe_adds_rows() const { return false; }
 
   // Appends to *victims at least `count` distinct, unprotected slots to evict
   // (exactly `count` for token-level policies; page-level ones round up to

@@ -40,6 +40,7 @@ class H2OPagePolicy final : public EvictionPolicy {
   void Observe(LayerTokens t, const StepAttention& step) const override {
     AccumulateRows(t, step);
   }
+  bool observe_adds_rows() const override { return true; }
   void SelectVictims(LayerTokens t, int64_t count,
                      std::vector<RankedItem>& scratch,
                      std::vector<int32_t>* victims) const override {

@@ -76,22 +76,30 @@ absl::Status CheckScoreValues(const LayerScores& in,
     }
     return absl::OkStatus();
   }
-  RowCheck check;
-  float max_sum;
-  if (in.source == ScoreSource::kPerHead) {
-    const int64_t floats = int64_t{in.rows} * shape.resident;
-    if (static_cast<int64_t>(head_sums.size()) < floats) {
-      return absl::InternalError(
-          absl::StrCat("layer ", in.layer, ": ", head_sums.size(),
-                       " floats to sum heads into, need ", floats));
-    }
-    check = ReduceHeads(in.data.data(), shape.query_heads, in.rows,
-                        shape.resident, head_sums.data());
-    max_sum = 1.0f + kRowSumTolerance;
-  } else {
-    check = CheckRows(in.data.data(), in.rows, shape.resident);
-    max_sum = static_cast<float>(shape.query_heads) * (1.0f + kRowSumTolerance);
+  if (in.source == ScoreSource::kReduced) {
+    return CheckProbabilityRows(
+        in, shape, CheckRows(in.data.data(), in.rows, shape.resident));
   }
+  const int64_t floats = int64_t{in.rows} * shape.resident;
+  if (static_cast<int64_t>(head_sums.size()) < floats) {
+    return absl::InternalError(
+        absl::StrCat("layer ", in.layer, ": ", head_sums.size(),
+                     " floats to sum heads into, need ", floats));
+  }
+  return CheckProbabilityRows(
+      in, shape,
+      ReduceHeads(in.data.data(), shape.query_heads, in.rows, shape.resident,
+                  head_sums.data()));
+}
+
+absl::Status CheckProbabilityRows(const LayerScores& in,
+                                  const ScoreInputShape& shape,
+                                  const RowCheck& check) {
+  // A per-head row is one head's; a head-reduced row sums query_heads.
+  const float max_sum =
+      in.source == ScoreSource::kPerHead
+          ? 1.0f + kRowSumTolerance
+          : static_cast<float>(shape.query_heads) * (1.0f + kRowSumTolerance);
   // min_value is NaN or -inf where an element is; a sum is inf where an
   // element is (per-head sums may hide a -inf, the minimum does not).
   if (!std::isfinite(check.min_value) || !std::isfinite(check.max_row_sum)) {

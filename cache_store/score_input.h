@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "cache_store/session_types.h"
+#include "kernels/attention.h"
 
 namespace kvkeep {
 
@@ -56,6 +57,13 @@ absl::Status CheckScoreShape(const LayerScores& in,
 absl::Status CheckScoreValues(const LayerScores& in,
                               const ScoreInputShape& shape,
                               std::span<float> head_sums);
+
+// CheckScoreValues' verdict on probabilities (per-head or head-reduced)
+// whose values `check` summarises: what ReduceHeads, CheckRows or
+// AccumulateCheckedRows (kernels/accumulate.h, the fused path) saw of them.
+absl::Status CheckProbabilityRows(const LayerScores& in,
+                                  const ScoreInputShape& shape,
+                                  const RowCheck& check);
 
 // CheckScoreShape, then CheckScoreValues.
 absl::Status CheckScoreInput(const LayerScores& in,

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cache_store/score_input.h"
+#include "kernels/accumulate.h"
 
 namespace kvkeep {
 namespace {
@@ -594,17 +595,26 @@ absl::Status Session::PrepareAttention(std::span<const LayerScores> scores,
   rows.clear();
   for (size_t i = 0; i < scores.size(); ++i) {
     const LayerScores& in = scores[i];
-    const Layer& layer = layers_[in.layer];
+    Layer& layer = layers_[in.layer];
     const int64_t n = layer.size() + growth;
     float* out = rows_out.data() + offsets[i];
     rows.push_back(in.source == ScoreSource::kReduced ? in.data.data() : out);
-    // Per-head rows are summed into `out` as they are checked.
-    const std::span<float> head_sums(
-        out, in.source == ScoreSource::kPerHead ? int64_t{in.rows} * n : 0);
-    if (absl::Status s = CheckScoreValues(in, InputShape(n), head_sums);
-        !s.ok()) {
-      return InSession(id_, s);
+    absl::Status s;
+    if (FusedScores(in)) {
+      // Checked and added in one read of the rows, into scratch: a later
+      // layer's failure leaves every layer's scores as they were.
+      layer.next_score.resize(n);
+      s = CheckProbabilityRows(
+          in, InputShape(n),
+          AccumulateCheckedRows(in.data.data(), in.rows, n, layer.score.data(),
+                                layer.size(), layer.next_score.data()));
+    } else {
+      // Per-head rows are summed into `out` as they are checked.
+      const std::span<float> head_sums(
+          out, in.source == ScoreSource::kPerHead ? int64_t{in.rows} * n : 0);
+      s = CheckScoreValues(in, InputShape(n), head_sums);
     }
+    if (!s.ok()) return InSession(id_, s);
     if (in.source == ScoreSource::kQueries) {
       // Query row r belongs to the token that arrived (rows - 1 - r) before
       // the newest; those tokens must be resident (an append's new tokens
@@ -666,7 +676,11 @@ void Session::ApplyAttention(std::span<const LayerScores> scores,
     Layer& layer = layers_[scores[i].layer];
     const StepAttention step{rows[i], scores[i].rows, layer.size(),
                              layout_.query_heads};
-    {
+    if (FusedScores(scores[i])) {
+      // PrepareAttention wrote the new scores (for the slots after this
+      // step's append, which put its tokens at the end).
+      layer.score.swap(layer.next_score);
+    } else {
       const ScopedTimer timer(&work_.scoring_time);
       policy_->Observe(Tokens(layer), step);
     }

@@ -161,6 +161,9 @@ class Session {
     std::vector<int64_t> position;  // per slot
     std::vector<int64_t> arrival;   // per slot
     std::vector<float> score;       // per slot
+    // The step's new scores on the fused path (FusedScores), swapped in for
+    // `score` once the step can no longer fail; scratch between steps.
+    std::vector<float> next_score;
     std::vector<uint64_t>
         history;  // per slot (empty unless the policy uses it)
     int64_t appended = 0;
@@ -216,6 +219,13 @@ class Session {
   // UpdateScores into `result`.
   absl::Status ScoresInto(std::span<const LayerScores> scores,
                           StepResult& result);
+  // True when `in` takes the fused path: head-reduced rows for a policy
+  // whose Observe only adds them (EvictionPolicy::observe_adds_rows).
+  // PrepareAttention then checks them and writes the layer's new scores into
+  // its next_score in one pass, and ApplyAttention swaps those in.
+  bool FusedScores(const LayerScores& in) const {
+    return in.source == ScoreSource::kReduced && policy_->observe_adds_rows();
+  }
   // What a layer's score input is checked against (score_input.h) when its
   // rows run over `resident` slots.
   ScoreInputShape InputShape(int64_t resident) const;

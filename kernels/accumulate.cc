@@ -1,6 +1,8 @@
 #include "kernels/accumulate.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 namespace kvkeep {
 namespace {
@@ -69,7 +71,60 @@ void AccumulateOneLayer(const AccumulateLayer& layer, int32_t query_heads,
   }
 }
 
+// One row of AccumulateCheckedRows: o[i] = in[i] + p[i] for i < scored,
+// 0.0f + p[i] after; the row's sum and minimum go to *sum and *mn. in == o
+// (rows after the first add to `out` in place) is fine: each element is read
+// before it is written, at the same index.
+void AddCheckedRow(const float* p, const float* in, int64_t scored,
+                   int64_t slots, float* o, float* sum_out, float* mn_out) {
+  float sum = 0.0f;
+  float mn = std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(+ : sum) reduction(min : mn)
+  for (int64_t i = 0; i < scored; ++i) {
+    const float v = p[i];
+    sum += v;
+    mn = v < mn ? v : mn;
+    o[i] = in[i] + v;
+  }
+  for (int64_t i = scored; i < slots; ++i) {
+    const float v = p[i];
+    sum += v;
+    mn = v < mn ? v : mn;
+    o[i] = 0.0f + v;
+  }
+  *sum_out = sum;
+  *mn_out = mn;
+}
+
 }  // namespace
+
+RowCheck AccumulateCheckedRows(const float* rows, int32_t num_rows,
+                               int64_t slots, const float* scores,
+                               int64_t scored, float* out) {
+  RowCheck check{std::numeric_limits<float>::infinity(),
+                 -std::numeric_limits<float>::infinity()};
+  for (int32_t r = 0; r < num_rows; ++r) {
+    float sum, mn;
+    // Row 0 starts from the scores; later rows add to what the earlier ones
+    // left in `out` (every slot is then "scored").
+    AddCheckedRow(rows + int64_t{r} * slots, r == 0 ? scores : out,
+                  r == 0 ? scored : slots, slots, out, &sum, &mn);
+    // As CheckRows folds a row: a NaN element makes its sum NaN, and then
+    // both fields report NaN; a row's minimum never sees NaN (v < mn is
+    // false), so the sum carries it.
+    if (std::isnan(sum)) {
+      check.min_value = std::numeric_limits<float>::quiet_NaN();
+      check.max_row_sum = sum;
+    }
+    if (!std::isnan(check.max_row_sum)) {
+      check.max_row_sum = std::max(check.max_row_sum, sum);
+    }
+    if (!std::isnan(check.min_value)) {
+      check.min_value = std::min(check.min_value, mn);
+    }
+  }
+  return check;
+}
 
 void AccumulateScores(std::span<const AccumulateLayer> layers,
                       int32_t query_heads, int32_t kv_heads, int32_t rows) {

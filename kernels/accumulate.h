@@ -4,13 +4,17 @@
 // (h2o's `score[j] += sum over h of attn[h][t][j]`) and, optionally, into
 // per-kv-head scores (the sum over the query heads of each GQA group), for the
 // per-head token sets that come later. It is the store's one accumulation:
-// every policy folds its rows in through it (EvictionPolicy::AccumulateRows).
+// every policy folds its rows in through it (EvictionPolicy::AccumulateRows),
+// or, for head-reduced rows on the decode hot path, through
+// AccumulateCheckedRows below, which gives the same sums bit for bit.
 // Thread-safe (no shared state); the caller owns every array.
 #ifndef KVKEEP_KERNELS_ACCUMULATE_H_
 #define KVKEEP_KERNELS_ACCUMULATE_H_
 
 #include <cstdint>
 #include <span>
+
+#include "kernels/attention.h"
 
 namespace kvkeep {
 
@@ -39,6 +43,21 @@ struct AccumulateLayer {
 // a layer's probs, scores and kv_head_scores must not overlap.
 void AccumulateScores(std::span<const AccumulateLayer> layers,
                       int32_t query_heads, int32_t kv_heads, int32_t rows);
+
+// Head-reduced rows checked and accumulated in one pass over them (the
+// decode hot path reads each probability once): for every slot s < slots,
+//   out[s] = (s < scored ? scores[s] : 0.0f) + rows[0][s] + rows[1][s] + ...
+// added left to right, i.e. bit for bit AccumulateScores with query_heads 1
+// on scores extended by zeros (the slots an append just added); and, over
+// the rows, the smallest element and the largest row sum, as CheckRows
+// (kernels/attention.h) reports them. `scores` is only read and `out` only
+// written, so a caller whose check fails throws `out` away and its scores are
+// as they were.
+//   rows: [num_rows][slots], scores: [scored], out: [slots] (overwritten).
+// Requires num_rows >= 1, 0 <= scored <= slots; out overlaps neither input.
+RowCheck AccumulateCheckedRows(const float* rows, int32_t num_rows,
+                               int64_t slots, const float* scores,
+                               int64_t scored, float* out);
 
 }  // namespace kvkeep
 

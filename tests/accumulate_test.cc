@@ -12,8 +12,10 @@
 // 2^-24 * (sum of |terms|), the bound itself, not an observed margin.
 #include "kernels/accumulate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -277,6 +279,82 @@ TEST(AccumulateScoresTest, GqaGroupsAreContiguousHeads) {
     EXPECT_EQ(l.scores[s], static_cast<float>(2 * s + 6));
     EXPECT_EQ(l.kv[s], static_cast<float>(s + 1));           // heads 0..3
     EXPECT_EQ(l.kv[kSlots + s], static_cast<float>(s + 5));  // heads 4..7
+  }
+}
+
+// AccumulateCheckedRows (the fused check and add of head-reduced rows): its
+// output is bit for bit AccumulateScores on the scores extended by zeros (the
+// slots an append added), it reports what CheckRows reports, reads the scores
+// without writing them and writes nothing past `slots`.
+TEST(AccumulateCheckedRowsTest,
+     AddsLikeAccumulateScoresAndChecksLikeCheckRows) {
+  for (int32_t rows : {1, 3}) {
+    for (int64_t slots : {1, 7, 17, 256, 1001}) {
+      for (int64_t appended : {0, 1, 3}) {
+        if (appended > slots) continue;
+        SCOPED_TRACE(::testing::Message() << "rows " << rows << " slots "
+                                          << slots << " appended " << appended);
+        std::mt19937 rng(
+            static_cast<uint32_t>(rows * 7919 + slots * 31 + appended));
+        HostLayer l = MakeLayer(1, 1, rows, slots, rng);
+        const int64_t scored = slots - appended;
+        const std::vector<float> before(l.scores.begin(),
+                                        l.scores.begin() + scored);
+        std::vector<float> want(slots, 0.0f);
+        std::copy(before.begin(), before.end(), want.begin());
+        const AccumulateLayer view{l.probs.data(), want.data(), nullptr, slots};
+        AccumulateScores({&view, 1}, 1, 1, rows);
+        std::vector<float> out(slots + kPad, kGuard);
+        const RowCheck got = AccumulateCheckedRows(
+            l.probs.data(), rows, slots, l.scores.data(), scored, out.data());
+        for (int64_t s = 0; s < slots; ++s) {
+          ASSERT_EQ(out[s], want[s]) << "slot " << s;
+        }
+        for (int64_t s = slots; s < slots + kPad; ++s) {
+          ASSERT_EQ(out[s], kGuard) << "written past the end at " << s;
+        }
+        for (int64_t s = 0; s < scored; ++s) {
+          ASSERT_EQ(l.scores[s], before[s]) << "scores written at " << s;
+        }
+        const RowCheck ref = CheckRows(l.probs.data(), rows, slots);
+        EXPECT_EQ(got.min_value, ref.min_value);
+        // Both sum a row in vector lanes; the lanes' order may differ, so
+        // the sums agree to the float32 bound on `slots` terms (all >= 0).
+        EXPECT_NEAR(got.max_row_sum, ref.max_row_sum,
+                    static_cast<double>(slots) * std::ldexp(1.0, -24) *
+                        std::max(got.max_row_sum, ref.max_row_sum));
+      }
+    }
+  }
+}
+
+TEST(AccumulateCheckedRowsTest, ReportsNaNInfinityAndNegativesAsCheckRows) {
+  constexpr int32_t kRows = 2;
+  constexpr int64_t kSlots = 37, kScored = 35;  // the last two just appended
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float bad : {nan, inf, -inf, -0.5f}) {
+    // In the scored part and in the appended tail, of either row.
+    for (int64_t at :
+         {int64_t{0}, int64_t{20}, kSlots - 1, kSlots + 3, 2 * kSlots - 1}) {
+      SCOPED_TRACE(::testing::Message() << "value " << bad << " at " << at);
+      std::vector<float> rows(kRows * kSlots, 0.01f);
+      rows[at] = bad;
+      const std::vector<float> scores(kScored, 1.0f);
+      std::vector<float> out(kSlots);
+      const RowCheck got = AccumulateCheckedRows(
+          rows.data(), kRows, kSlots, scores.data(), kScored, out.data());
+      const RowCheck ref = CheckRows(rows.data(), kRows, kSlots);
+      if (std::isnan(ref.min_value)) {
+        EXPECT_TRUE(std::isnan(got.min_value));
+        EXPECT_TRUE(std::isnan(got.max_row_sum));
+      } else {
+        EXPECT_EQ(got.min_value, ref.min_value);
+        EXPECT_EQ(std::isinf(got.max_row_sum), std::isinf(ref.max_row_sum));
+      }
+      EXPECT_TRUE(!std::isfinite(got.min_value) ||
+                  !std::isfinite(got.max_row_sum) || got.min_value < 0.0f);
+    }
   }
 }
 

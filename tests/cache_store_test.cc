@@ -70,24 +70,7 @@ ModelLayout MakeLayout(std::string name, int32_t layers, int32_t page_tokens,
 using ::kvkeep::test_data::Noise;
 using ::kvkeep::test_data::TokenBytes;
 
-// Owns the buffers of one append request.
-struct AppendBuffers {
-  std::vector<int64_t> positions;
-  std::vector<std::vector<std::byte>> keys, values;
-  std::vector<LayerKv> layers;
-
-  AppendBuffers(const ModelLayout& l, std::vector<int64_t> pos)
-      : positions(std::move(pos)) {
-    for (int32_t layer = 0; layer < l.num_layers; ++layer) {
-      keys.push_back(TokenBytes(l, layer, positions, false));
-      values.push_back(TokenBytes(l, layer, positions, true));
-    }
-    for (int32_t layer = 0; layer < l.num_layers; ++layer) {
-      layers.push_back(LayerKv{keys[layer], values[layer]});
-    }
-  }
-  AppendRequest request() const { return AppendRequest{positions, layers}; }
-};
+using ::kvkeep::test_data::AppendBuffers;
 
 class Harness {
  public:

@@ -7,9 +7,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "cache_store/model_layout.h"
+#include "cache_store/session_types.h"
 #include "tests/testing/noise.h"
 
 namespace kvkeep::test_data {
@@ -33,6 +35,26 @@ inline std::vector<std::byte> TokenBytes(const ModelLayout& l, int32_t layer,
   }
   return out;
 }
+
+// Owns the buffers of one append request: TokenBytes of `positions` for
+// every layer of the layout.
+struct AppendBuffers {
+  std::vector<int64_t> positions;
+  std::vector<std::vector<std::byte>> keys, values;
+  std::vector<LayerKv> layers;
+
+  AppendBuffers(const ModelLayout& l, std::vector<int64_t> pos)
+      : positions(std::move(pos)) {
+    for (int32_t layer = 0; layer < l.num_layers; ++layer) {
+      keys.push_back(TokenBytes(l, layer, positions, false));
+      values.push_back(TokenBytes(l, layer, positions, true));
+    }
+    for (int32_t layer = 0; layer < l.num_layers; ++layer) {
+      layers.push_back(LayerKv{keys[layer], values[layer]});
+    }
+  }
+  AppendRequest request() const { return AppendRequest{positions, layers}; }
+};
 
 }  // namespace kvkeep::test_data
 
