@@ -76,6 +76,7 @@ KVKEEP_HOST_DEVICE constexpr QuantSpec SpecOf(DType t) {
     case DType::kFp8E4M3:
       return QuantSpec{8, true, false};
     case DType::kInt4:
+    case DType::kKiviInt4:  // its values; its keys: kernels/kivi.h
       return QuantSpec{4, false, true};
     default:
       return QuantSpec{};
