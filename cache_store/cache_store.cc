@@ -206,6 +206,7 @@ absl::StatusOr<SessionId> CacheStore::ForkSession(SessionId parent,
   const SessionInfo& info = (*entry)->info;
   absl::StatusOr<const Pool*> pool = FindPool(info.layout);
   if (!pool.ok()) return pool.status();
+  if (absl::Status k = RefuseKivi((*pool)->layout, "Fork"); !k.ok()) return k;
   // Null and empty: the parent's own.
   PolicyPtr policy;
   std::vector<int64_t> budgets;
@@ -302,6 +303,7 @@ absl::Status CacheStore::ReadSlots(SessionId id, int32_t layer, int64_t first,
                                    int64_t n, std::span<std::byte> keys,
                                    std::span<std::byte> values) {
   return WithSession(id, [&](Session& s) {
+    if (absl::Status k = RefuseKivi(s.layout(), "ReadSlots"); !k.ok()) return k;
     return s.ReadSlots(layer, first, n, keys, values);
   });
 }
@@ -311,6 +313,10 @@ absl::StatusOr<SessionSnapshot> CacheStore::ExportSession(SessionId id,
   return WithEntry(
       id,
       [&](const Entry& entry, Session& s) -> absl::StatusOr<SessionSnapshot> {
+        if (absl::Status k = RefuseKivi(s.layout(), "Export or transfer");
+            !k.ok()) {
+          return k;
+        }
         SessionSnapshot snapshot = s.Snapshot(with_bytes);
         if (!s.device_error().ok()) return s.device_error();
         snapshot.tenant = entry.info.tenant;
@@ -472,6 +478,9 @@ CacheStore::PrepareImport(SessionSnapshot snapshot) {
   }
   absl::StatusOr<const Pool*> pool = FindPool(snapshot.layout);
   if (!pool.ok()) return pool.status();
+  if (absl::Status k = RefuseKivi((*pool)->layout, "Import"); !k.ok()) {
+    return k;
+  }
   absl::StatusOr<PolicyPtr> policy = NewPolicy(snapshot.policy);
   if (!policy.ok()) return policy.status();
   std::shared_ptr<PageQuota> quota;
@@ -683,6 +692,10 @@ absl::StatusOr<LayerKvCopy> CacheStore::ReadLayerAs(SessionId id, int32_t layer,
           id, "ReadKv as ", std::string(DTypeName(dtype)),
           ": the layout stores ", std::string(DTypeName(page.dtype)),
           "; ask for its own dtype, f32, f16 or bf16"));
+    }
+    if (IsKivi(page.dtype)) {
+      if (dtype == page.dtype) return s.ReadLayer(layer);  // refused
+      return s.ReadKiviLayerAs(layer, dtype);
     }
     absl::StatusOr<LayerKvCopy> stored = s.ReadLayer(layer);
     if (!stored.ok() || dtype == page.dtype) return stored;

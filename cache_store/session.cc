@@ -80,12 +80,24 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(
         absl::StrCat("got ", layer_budgets.size(), " layer budgets for ",
                      layout.num_layers, " layers"));
   }
+  if (absl::Status s = CheckKiviPolicy(layout, policy->name()); !s.ok()) {
+    return s;
+  }
   for (size_t l = 0; l < layer_budgets.size(); ++l) {
     if (absl::Status s =
             policy->ValidateBudget(layer_budgets[l], layout.page_tokens);
         !s.ok()) {
       return absl::Status(s.code(),
                           absl::StrCat("layer ", l, ": ", s.message()));
+    }
+  }
+  // A kivi_int4 session's staging (the open pages' float32 keys, host
+  // memory outside the pool) is charged to its tenant at its bound.
+  if (IsKivi(layout.dtype) && quota != nullptr) {
+    if (absl::Status s = quota->Reserve(KiviKeys::MaxStagingBytes(
+            layout.page_layout(), layout.num_layers));
+        !s.ok()) {
+      return s;
     }
   }
   return std::unique_ptr<Session>(
@@ -104,6 +116,9 @@ Session::Session(SessionId id, const ModelLayout& layout, PagePool* pool,
       quota_(std::move(quota)),
       layers_(layout.num_layers),
       batch_(page_layout_) {
+  if (IsKivi(layout.dtype)) {
+    kivi_ = std::make_unique<KiviKeys>(page_layout_, layout.num_layers);
+  }
   for (size_t l = 0; l < layers_.size(); ++l) {
     layers_[l].budget = layer_budgets[l];
   }
@@ -242,6 +257,9 @@ SessionSnapshot Session::Snapshot(bool with_bytes) const {
 Session::~Session() {
   for (Layer& layer : layers_) FreePages(layer.pages);
   FreePages(spare_);
+  if (kivi_ != nullptr && quota_ != nullptr) {
+    quota_->Release(kivi_->max_staging_bytes());
+  }
 }
 
 absl::Status Session::AllocatePages(int64_t n, std::vector<PageId>* pages) {
@@ -302,6 +320,7 @@ void Session::RunBatch() {
         .IgnoreError();  // recorded in device_error_, reported by the caller
   }
   batch_.Clear();
+  if (kivi_ != nullptr) kivi_->BatchDone();
   if (!pending_free_.empty()) {
     FreePages(pending_free_);
     pending_free_.clear();
@@ -339,6 +358,11 @@ void Session::Evict(Layer& layer, int64_t count, int64_t appended_view,
     }
   }
   batch_.AddMoves(layer.pages, moves);
+  if (kivi_ != nullptr) {
+    kivi_->Compact(static_cast<int32_t>(&layer - layers_.data()), layer.pages,
+                   moves, old_size, new_size, pool_->memory().host_data(),
+                   batch_);
+  }
   MoveSlotValues(layer.position, moves, new_size);
   MoveSlotValues(layer.arrival, moves, new_size);
   MoveSlotValues(layer.score, moves, new_size);
@@ -503,6 +527,7 @@ absl::Status Session::ApplyAppend(const AppendRequest& request,
     batch_.AddWrite(layer.pages, first + plan.drop_begin, n - tail,
                     kv.keys.data() + tail * token_bytes,
                     kv.values.data() + tail * token_bytes);
+    if (kivi_ != nullptr) AppendKiviKeys(l, plan, kv, n);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t arrival = layer.appended++;
       if (i >= plan.drop_begin && i < tail) {
@@ -831,6 +856,12 @@ absl::StatusOr<BlockTable> Session::GetBlockTable(int32_t index) const {
 
 absl::StatusOr<LayerKvCopy> Session::ReadLayer(int32_t index) const {
   if (absl::Status s = CheckLayerIndex(index); !s.ok()) return s;
+  if (kivi_ != nullptr) {
+    return absl::InvalidArgumentError(SessionMessage(
+        id_,
+        "kivi_int4 keys are per-page blocks, not token records: read "
+        "them as f32, f16 or bf16"));
+  }
   const Layer& layer = layers_[index];
   const int64_t token_bytes = page_layout_.token_bytes();
   LayerKvCopy copy;
@@ -860,7 +891,8 @@ SessionStats Session::stats() const {
     s.layer_budget.push_back(layer.budget);
     s.layer_version.push_back(layer.version);
   }
-  s.bytes = s.pages * page_layout_.page_bytes();
+  s.bytes = s.pages * page_layout_.page_bytes() +
+            (kivi_ != nullptr ? kivi_->staging_bytes() : 0);
   s.evicted_tokens = work_.evicted_tokens;
   s.evicted_score = work_.evicted_score;
   s.score_updates = work_.score_updates;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "kernels/kivi.h"
 #include "kernels/quantize.h"
 
 namespace kvkeep {
@@ -162,7 +163,10 @@ void QueryAttention(const PagedKeys& keys, const float* queries,
           keys.arena +
           lay.key_offset(page, static_cast<int32_t>(s % lay.page_tokens));
       for (int32_t g = 0; g < lay.kv_heads; ++g) {
-        if (visible) {
+        if (visible && IsKivi(lay.dtype)) {  // keys: the page's block
+          WidenKiviKeyHead(lay, keys.arena + int64_t{page} * lay.page_bytes(),
+                           static_cast<int32_t>(s % lay.page_tokens), g, key);
+        } else if (visible) {
           WidenHead(lay, k_base, g, key);
         }
         for (int32_t j = 0; j < group; ++j) {

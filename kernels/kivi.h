@@ -59,7 +59,8 @@ class KiviOpenPage {
   int32_t tokens() const {
     return static_cast<int32_t>(keys_.size() / layout_.token_elements());
   }
-  // Bytes held, for the session's resident-bytes accounting.
+  // Bytes held, for the session's resident-bytes accounting: a whole
+  // page's float32 keys while the page is open, 0 otherwise.
   int64_t bytes() const {
     return static_cast<int64_t>(keys_.capacity() * sizeof(float));
   }

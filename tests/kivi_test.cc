@@ -6,6 +6,7 @@
 // at once, refusal of NaN and infinities with nothing written.
 #include "kernels/kivi.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/attention.h"
 #include "kernels/page_layout.h"
 #include "kernels/quant_format.h"
 
@@ -209,6 +211,47 @@ TEST(KiviOpenPageTest, NonFiniteKeysAreRefusedAndNothingChanges) {
   EXPECT_EQ(open.Append(wide.data(), 1, block.data()).error,
             QuantError::kOutOfRange);
   EXPECT_EQ(block, before);
+}
+
+// Query scoring on kivi pages (the key of slot s read from its page's block)
+// is scoring over the keys the blocks dequantise to, stored as f32: the same
+// floats in the same order, so the same bits.
+TEST(KiviTest, QueryScoringReadsTheBlocksKeys) {
+  const PageLayout kivi = Layout(4, 2, 64);
+  const PageLayout f32{4, 2, 64, DType::kF32, 0};
+  const int64_t e_count = kivi.token_elements();
+  const int64_t slots = 11;  // pages 2, 0, 1: the last one open (3 tokens)
+  const std::vector<PageId> pages = {2, 0, 1};
+  std::vector<std::byte> kivi_arena(3 * kivi.page_bytes());
+  std::vector<std::byte> f32_arena(3 * f32.page_bytes());
+  const std::vector<float> keys = Gaussian(slots * e_count, 21);
+  for (int64_t first = 0; first < slots; first += 4) {
+    const int32_t n = static_cast<int32_t>(std::min<int64_t>(4, slots - first));
+    std::byte* block =
+        kivi_arena.data() + int64_t{pages[first / 4]} * kivi.page_bytes();
+    ASSERT_TRUE(
+        QuantizeKiviKeys(kivi, keys.data() + first * e_count, n, block).ok());
+    for (int32_t t = 0; t < n; ++t) {
+      DequantizeKiviKeys(
+          kivi, block, t, 1, DType::kF32,
+          f32_arena.data() + f32.key_offset(pages[first / 4], t));
+    }
+  }
+  const int32_t query_heads = 4, rows = 2;
+  const std::vector<float> queries = Gaussian(rows * query_heads * 64, 22);
+  const int64_t row_order[] = {5, 10};
+  std::vector<int64_t> order(slots);
+  for (int64_t s = 0; s < slots; ++s) order[s] = s;
+  std::vector<float> out_kivi(rows * slots), out_f32(rows * slots);
+  std::vector<float> scratch(query_heads * slots + 64);
+  QueryAttention(PagedKeys{kivi_arena.data(), kivi, pages, order, slots},
+                 queries.data(), row_order, rows, query_heads, out_kivi.data(),
+                 scratch.data());
+  QueryAttention(PagedKeys{f32_arena.data(), f32, pages, order, slots},
+                 queries.data(), row_order, rows, query_heads, out_f32.data(),
+                 scratch.data());
+  EXPECT_EQ(out_kivi, out_f32);
+  EXPECT_GT(out_kivi[slots + 10], 0.0f);  // the causal row sees slot 10
 }
 
 }  // namespace
