@@ -31,6 +31,7 @@
 namespace kvkeep {
 namespace {
 
+using ::kvkeep::test_data::TokenAppend;
 using ::kvkeep::test_data::TokenBytes;
 using ::testing::HasSubstr;
 
@@ -73,26 +74,16 @@ absl::StatusOr<StepResult> Append(CacheStore& store, SessionId id,
                                   const ModelLayout& l, int64_t first,
                                   int64_t n, bool step = false,
                                   const float* poison = nullptr) {
-  std::vector<int64_t> positions(n);
-  for (int64_t i = 0; i < n; ++i) positions[i] = first + i;
-  std::vector<std::vector<std::byte>> keys, values;
-  std::vector<LayerKv> layers;
-  for (int32_t layer = 0; layer < l.num_layers; ++layer) {
-    keys.push_back(TokenBytes(l, layer, positions, false));
-    values.push_back(TokenBytes(l, layer, positions, true));
-  }
-  if (poison != nullptr)
-    StoreFromFloat(l.append_dtype, keys[1].data(), 5, *poison);
-  for (int32_t layer = 0; layer < l.num_layers; ++layer) {
-    layers.push_back(LayerKv{keys[layer], values[layer]});
+  TokenAppend data(l, first, n);
+  if (poison != nullptr) {
+    StoreFromFloat(l.append_dtype, data.keys[1].data(), 5, *poison);
   }
   if (step) {
-    absl::StatusOr<StepOutcome> out =
-        store.Step(id, AppendRequest{positions, layers}, {});
+    absl::StatusOr<StepOutcome> out = store.Step(id, data.request(), {});
     if (!out.ok()) return out.status();
     return out->append;
   }
-  return store.Append(id, AppendRequest{positions, layers});
+  return store.Append(id, data.request());
 }
 
 // The twin of a full session's layer: each page's keys quantised per

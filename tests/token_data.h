@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cache_store/model_layout.h"
+#include "cache_store/session_types.h"
 #include "tests/testing/noise.h"
 
 namespace kvkeep::test_data {
@@ -33,6 +34,30 @@ inline std::vector<std::byte> TokenBytes(const ModelLayout& l, int32_t layer,
   }
   return out;
 }
+
+// Positions [first, first + n) of every layer of `l` with TokenBytes data,
+// ready to append: a test may change keys or values before request().
+struct TokenAppend {
+  std::vector<int64_t> positions;
+  std::vector<std::vector<std::byte>> keys, values;  // [layer]
+  std::vector<LayerKv> layers;
+
+  TokenAppend(const ModelLayout& l, int64_t first, int64_t n) : positions(n) {
+    for (int64_t i = 0; i < n; ++i) positions[i] = first + i;
+    for (int32_t layer = 0; layer < l.num_layers; ++layer) {
+      keys.push_back(TokenBytes(l, layer, positions, false));
+      values.push_back(TokenBytes(l, layer, positions, true));
+    }
+  }
+  // The request over the data as it is now (valid while this lives).
+  AppendRequest request() {
+    layers.clear();
+    for (size_t layer = 0; layer < keys.size(); ++layer) {
+      layers.push_back(LayerKv{keys[layer], values[layer]});
+    }
+    return AppendRequest{positions, layers};
+  }
+};
 
 }  // namespace kvkeep::test_data
 
