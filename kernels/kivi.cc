@@ -90,8 +90,8 @@ void KiviOpenPage::Reset(const float* keys, int32_t n) {
     keys_.shrink_to_fit();
     return;
   }
-  keys_.reserve(static_cast<size_t>(layout_.page_tokens *
-                                    layout_.token_elements()));
+  keys_.reserve(
+      static_cast<size_t>(layout_.page_tokens * layout_.token_elements()));
   keys_.assign(keys, keys + n * layout_.token_elements());
 }
 
@@ -100,8 +100,8 @@ KiviResult KiviOpenPage::Append(const float* keys, int32_t n,
   const size_t before = keys_.size();
   // A whole page's room at once, so the bytes held are page_tokens tokens'
   // while a page is open and none once it is full.
-  keys_.reserve(static_cast<size_t>(layout_.page_tokens *
-                                    layout_.token_elements()));
+  keys_.reserve(
+      static_cast<size_t>(layout_.page_tokens * layout_.token_elements()));
   keys_.insert(keys_.end(), keys, keys + n * layout_.token_elements());
   const KiviResult r = QuantizeKiviKeys(layout_, keys_.data(), tokens(), block);
   if (!r.ok()) {
