@@ -23,10 +23,21 @@ class AppendQuantizer {
   // checks (input_token_bytes per token). INVALID_ARGUMENT naming the layer,
   // the token, its position and the group for a NaN, an infinity or a value
   // too large for the format's binary16 scales: nothing is stored then.
+  // kivi_int4: the keys are float32 [n][kv_heads][head_dim] instead (they
+  // are quantised per channel by page, with the page's other tokens), each
+  // finite and within kKiviKeyMax.
   absl::StatusOr<AppendRequest> Quantize(const ModelLayout& layout,
                                          const AppendRequest& request);
 
+  // 65504 * 15 / 2: a page channel's range (holding 0) of keys this large
+  // fits a binary16 scale of int4 steps.
+  static constexpr float kKiviKeyMax = 491280.0f;
+
  private:
+  absl::Status WidenKiviKeys(const ModelLayout& layout,
+                             const AppendRequest& request, size_t l,
+                             std::byte* out);
+
   std::vector<std::byte> records_;  // [layers][K, V][n][token_bytes]
   std::vector<LayerKv> layers_;
 };

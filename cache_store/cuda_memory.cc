@@ -571,6 +571,12 @@ class CudaMemory final : public PageMemory {
     return Device{Device::Kind::kCuda, ordinal_};
   }
   absl::Status CheckLayout(const PageLayout& layout) const override {
+    if (IsKivi(layout.dtype)) {
+      return absl::InvalidArgumentError(
+          "kivi_int4 pages have no CUDA kernels yet (its per-channel key "
+          "blocks are quantised and read by the CPU twins only, "
+          "kernels/kivi.h); serve it from a host pool");
+    }
     if (!cuda::QueryAttentionSupportsHeadDim(layout.head_dim)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "head_dim ", layout.head_dim,

@@ -31,14 +31,15 @@ absl::Status ValidateQuantized(const ModelLayout& l) {
                      " does not divide head_dim ", l.head_dim, " (", dtype,
                      " keeps one scale per group of head_dim)"));
   }
-  if (l.dtype == DType::kInt4 && l.head_dim % 2 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("layout '", l.name, "': int4 needs an even head_dim (got ",
-                     l.head_dim, "): two codes share a byte"));
-  }
-  if (l.dtype == DType::kInt4 && l.group_size % 2 != 0) {
+  const bool int4 = l.dtype == DType::kInt4 || l.dtype == DType::kKiviInt4;
+  if (int4 && l.head_dim % 2 != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "layout '", l.name, "': int4 needs an even group_size (got ",
+        "layout '", l.name, "': ", dtype, " needs an even head_dim (got ",
+        l.head_dim, "): two codes share a byte"));
+  }
+  if (int4 && l.group_size % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layout '", l.name, "': ", dtype, " needs an even group_size (got ",
         l.group_size, "): a group's codes fill whole bytes"));
   }
   return absl::OkStatus();
@@ -72,14 +73,15 @@ absl::Status ValidateLayout(const ModelLayout& l) {
 
 absl::StatusOr<DType> ParseDType(absl::string_view name) {
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kInt8,
-                  DType::kFp8E4M3, DType::kInt4}) {
+                  DType::kFp8E4M3, DType::kInt4, DType::kKiviInt4}) {
     if (name == absl::string_view(DTypeName(t).data(), DTypeName(t).size())) {
       return t;
     }
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown dtype '", name,
-                   "' (expected f32, f16, bf16, int8, fp8_e4m3 or int4)"));
+                   "' (expected f32, f16, bf16, int8, fp8_e4m3, int4 or "
+                   "kivi_int4)"));
 }
 
 }  // namespace kvkeep

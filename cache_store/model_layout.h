@@ -22,8 +22,10 @@ struct ModelLayout {
   int32_t query_heads = 0;  // a multiple of kv_heads (GQA group size)
   int32_t head_dim = 0;
   DType dtype = DType::kBF16;
-  // Quantised dtypes (int8, fp8_e4m3, int4) only: elements per scale group
-  // along head_dim (must divide head_dim; even for int4), and the float
+  // Quantised dtypes (int8, fp8_e4m3, int4, kivi_int4) only: elements per
+  // scale group along head_dim (must divide head_dim; even for int4 and
+  // kivi_int4, whose values use it and whose keys are grouped per channel
+  // by page instead, kernels/kivi.h), and the float
   // dtype workers append in (the store quantises). Ignored otherwise.
   int32_t group_size = kDefaultGroupSize;
   DType append_dtype = DType::kBF16;
@@ -59,7 +61,8 @@ struct ModelLayout {
 // INVALID_ARGUMENT naming the field unless every field is in range.
 absl::Status ValidateLayout(const ModelLayout& layout);
 
-// "f32" | "f16" | "bf16" | "int8" | "fp8_e4m3" | "int4" -> DType;
+// "f32" | "f16" | "bf16" | "int8" | "fp8_e4m3" | "int4" | "kivi_int4" ->
+// DType;
 // INVALID_ARGUMENT otherwise.
 absl::StatusOr<DType> ParseDType(absl::string_view name);
 

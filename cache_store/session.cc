@@ -81,12 +81,24 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(
         absl::StrCat("got ", layer_budgets.size(), " layer budgets for ",
                      layout.num_layers, " layers"));
   }
+  if (absl::Status s = CheckKiviPolicy(layout, policy->name()); !s.ok()) {
+    return s;
+  }
   for (size_t l = 0; l < layer_budgets.size(); ++l) {
     if (absl::Status s =
             policy->ValidateBudget(layer_budgets[l], layout.page_tokens);
         !s.ok()) {
       return absl::Status(s.code(),
                           absl::StrCat("layer ", l, ": ", s.message()));
+    }
+  }
+  // A kivi_int4 session's staging (the open pages' float32 keys, host
+  // memory outside the pool) is charged to its tenant at its bound.
+  if (IsKivi(layout.dtype) && quota != nullptr) {
+    if (absl::Status s = quota->Reserve(
+            KiviKeys::MaxStagingBytes(layout.page_layout(), layout.num_layers));
+        !s.ok()) {
+      return s;
     }
   }
   return std::unique_ptr<Session>(
@@ -105,144 +117,20 @@ Session::Session(SessionId id, const ModelLayout& layout, PagePool* pool,
       quota_(std::move(quota)),
       layers_(layout.num_layers),
       batch_(page_layout_) {
+  if (IsKivi(layout.dtype)) {
+    kivi_ = std::make_unique<KiviKeys>(page_layout_, layout.num_layers);
+  }
   for (size_t l = 0; l < layers_.size(); ++l) {
     layers_[l].budget = layer_budgets[l];
   }
 }
 
-absl::StatusOr<std::unique_ptr<Session>> Session::Restore(
-    SessionId id, const ModelLayout& layout, PagePool* pool, PolicyPtr policy,
-    const SessionSnapshot& snapshot, std::shared_ptr<PageQuota> quota,
-    bool bytes_follow) {
-  if (absl::Status s = ValidateSnapshot(snapshot, layout, bytes_follow);
-      !s.ok()) {
-    return s;
-  }
-  std::vector<int64_t> budgets;
-  for (const LayerSnapshot& l : snapshot.layers) {
-    budgets.push_back(l.budget);
-    if (l.resident() > 0 && l.history.empty() == policy->uses_history()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "session snapshot ", SessionName(snapshot.id), ": policy '",
-          policy->name(), "' ", policy->uses_history() ? "needs" : "keeps no",
-          " history bits"));
-    }
-  }
-  absl::StatusOr<std::unique_ptr<Session>> session =
-      Create(id, layout, pool, std::move(policy), std::move(budgets),
-             std::move(quota));
-  if (!session.ok()) return session.status();
-  Session& s = **session;
-  int64_t pages = 0;
-  for (const LayerSnapshot& l : snapshot.layers) {
-    pages += CeilDiv(l.resident(), layout.page_tokens);
-  }
-  std::vector<PageId> fresh;
-  if (absl::Status st = s.AllocatePages(pages, &fresh); !st.ok()) return st;
-  size_t next = 0;
-  for (size_t l = 0; l < snapshot.layers.size(); ++l) {
-    const LayerSnapshot& from = snapshot.layers[l];
-    Layer& to = s.layers_[l];
-    to.position = from.position;
-    to.arrival = from.arrival;
-    to.score = from.score;
-    to.history = from.history;
-    to.appended = from.appended;
-    to.version = from.version;
-    const int64_t pages_needed = CeilDiv(from.resident(), layout.page_tokens);
-    for (int64_t p = 0; p < pages_needed; ++p) {
-      to.pages.push_back(fresh[next++]);
-    }
-  }
-  if (!bytes_follow) {
-    for (size_t l = 0; l < snapshot.layers.size(); ++l) {
-      const LayerSnapshot& from = snapshot.layers[l];
-      if (absl::Status st =
-              s.WriteSlots(static_cast<int32_t>(l), 0, from.keys, from.values);
-          !st.ok()) {
-        return st;
-      }
-    }
-  }
-  s.last_position_ = snapshot.last_position;
-  s.compressed_ = snapshot.compressed;
-  s.work_ = snapshot.work;
-  s.work_.scoring_time = absl::ZeroDuration();
-  s.work_.eviction_time = absl::ZeroDuration();
-  return session;
-}
-
-absl::Status Session::WriteSlots(int32_t index, int64_t first,
-                                 std::span<const std::byte> keys,
-                                 std::span<const std::byte> values) {
-  if (absl::Status s = CheckLayerIndex(index); !s.ok()) return s;
-  Layer& layer = layers_[index];
-  const int64_t token_bytes = page_layout_.token_bytes();
-  const int64_t n = static_cast<int64_t>(keys.size()) / token_bytes;
-  if (static_cast<int64_t>(keys.size()) != n * token_bytes ||
-      values.size() != keys.size() || first < 0 || first + n > layer.size()) {
-    return absl::InvalidArgumentError(SessionMessage(
-        id_, "layer ", index, ": ", keys.size(), " key and ", values.size(),
-        " value bytes at slot ", first, " do not fit its ", layer.size(),
-        " slots of ", token_bytes, " bytes"));
-  }
-  return DeviceCheck(pool_->memory().WriteSlots(
-      page_layout_, layer.pages, first, n, keys.data(), values.data()));
-}
-
-absl::Status Session::ReadSlots(int32_t index, int64_t first, int64_t n,
-                                std::span<std::byte> keys,
-                                std::span<std::byte> values) const {
-  if (absl::Status s = CheckLayerIndex(index); !s.ok()) return s;
-  const Layer& layer = layers_[index];
-  const int64_t token_bytes = page_layout_.token_bytes();
-  if (first < 0 || n < 0 || first + n > layer.size() ||
-      static_cast<int64_t>(keys.size()) != n * token_bytes ||
-      values.size() != keys.size()) {
-    return absl::InvalidArgumentError(SessionMessage(
-        id_, "layer ", index, ": slots [", first, ", ", first + n, ") into ",
-        keys.size(), " bytes: outside its ", layer.size(),
-        " slots or the wrong size"));
-  }
-  return DeviceCheck(pool_->memory().ReadSlots(page_layout_, layer.pages, first,
-                                               n, keys.data(), values.data()));
-}
-
-SessionSnapshot Session::Snapshot(bool with_bytes) const {
-  SessionSnapshot out;
-  out.id = id_;
-  out.layout = layout_.name;
-  out.last_position = last_position_;
-  out.compressed = compressed_;
-  out.work = work_;
-  out.work.scoring_time = absl::ZeroDuration();
-  out.work.eviction_time = absl::ZeroDuration();
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    const Layer& layer = layers_[l];
-    LayerSnapshot s;
-    s.position = layer.position;
-    s.arrival = layer.arrival;
-    s.score = layer.score;
-    s.history = layer.history;
-    s.appended = layer.appended;
-    s.version = layer.version;
-    s.budget = layer.budget;
-    if (with_bytes) {
-      // A device error leaves the bytes out; the caller sees device_error().
-      absl::StatusOr<LayerKvCopy> kv = ReadLayer(static_cast<int32_t>(l));
-      if (kv.ok()) {
-        s.keys = std::move(kv->keys);
-        s.values = std::move(kv->values);
-      }
-    }
-    out.layers.push_back(std::move(s));
-  }
-  return out;
-}
-
 Session::~Session() {
   for (Layer& layer : layers_) FreePages(layer.pages);
   FreePages(spare_);
+  if (kivi_ != nullptr && quota_ != nullptr) {
+    quota_->Release(kivi_->max_staging_bytes());
+  }
 }
 
 absl::Status Session::AllocatePages(int64_t n, std::vector<PageId>* pages) {
@@ -303,6 +191,7 @@ void Session::RunBatch() {
         .IgnoreError();  // recorded in device_error_, reported by the caller
   }
   batch_.Clear();
+  if (kivi_ != nullptr) kivi_->BatchDone();
   if (!pending_free_.empty()) {
     FreePages(pending_free_);
     pending_free_.clear();
@@ -340,6 +229,11 @@ void Session::Evict(Layer& layer, int64_t count, int64_t appended_view,
     }
   }
   batch_.AddMoves(layer.pages, moves);
+  if (kivi_ != nullptr) {
+    kivi_->Compact(static_cast<int32_t>(&layer - layers_.data()), layer.pages,
+                   moves, old_size, new_size, pool_->memory().host_data(),
+                   batch_);
+  }
   MoveSlotValues(layer.position, moves, new_size);
   MoveSlotValues(layer.arrival, moves, new_size);
   MoveSlotValues(layer.score, moves, new_size);
@@ -504,6 +398,7 @@ absl::Status Session::ApplyAppend(const AppendRequest& request,
     batch_.AddWrite(layer.pages, first + plan.drop_begin, n - tail,
                     kv.keys.data() + tail * token_bytes,
                     kv.values.data() + tail * token_bytes);
+    if (kivi_ != nullptr) AppendKiviKeys(l, plan, kv, n);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t arrival = layer.appended++;
       if (i >= plan.drop_begin && i < tail) {
@@ -845,6 +740,12 @@ absl::StatusOr<BlockTable> Session::GetBlockTable(int32_t index) const {
 
 absl::StatusOr<LayerKvCopy> Session::ReadLayer(int32_t index) const {
   if (absl::Status s = CheckLayerIndex(index); !s.ok()) return s;
+  if (kivi_ != nullptr) {
+    return absl::InvalidArgumentError(SessionMessage(
+        id_,
+        "kivi_int4 keys are per-page blocks, not token records: read "
+        "them as f32, f16 or bf16"));
+  }
   const Layer& layer = layers_[index];
   const int64_t token_bytes = page_layout_.token_bytes();
   LayerKvCopy copy;
@@ -874,7 +775,8 @@ SessionStats Session::stats() const {
     s.layer_budget.push_back(layer.budget);
     s.layer_version.push_back(layer.version);
   }
-  s.bytes = s.pages * page_layout_.page_bytes();
+  s.bytes = s.pages * page_layout_.page_bytes() +
+            (kivi_ != nullptr ? kivi_->staging_bytes() : 0);
   s.evicted_tokens = work_.evicted_tokens;
   s.evicted_score = work_.evicted_score;
   s.score_updates = work_.score_updates;

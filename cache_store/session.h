@@ -31,6 +31,7 @@
 
 #include "absl/status/statusor.h"
 #include "cache_store/append_quantizer.h"
+#include "cache_store/kivi_keys.h"
 #include "cache_store/model_layout.h"
 #include "cache_store/page_pool.h"
 #include "cache_store/page_quota.h"
@@ -42,6 +43,14 @@
 #include "cache_store/store_observer.h"
 
 namespace kvkeep {
+
+// kivi_int4 layouts take the policies full and h2o_page only
+// (INVALID_ARGUMENT naming why otherwise); OK for every other layout.
+absl::Status CheckKiviPolicy(const ModelLayout& layout,
+                             absl::string_view policy);
+// FAILED_PRECONDITION naming `what` for a kivi_int4 layout: snapshots,
+// transfers, forks, prefixes and tiers do not carry its keys yet.
+absl::Status RefuseKivi(const ModelLayout& layout, absl::string_view what);
 
 class Session {
  public:
@@ -122,7 +131,11 @@ class Session {
       std::span<const LayerScores> window);
 
   absl::StatusOr<BlockTable> GetBlockTable(int32_t layer) const;
+  // The stored bytes; INVALID_ARGUMENT for kivi_int4 (its keys are
+  // per-page blocks: ReadKiviLayerAs).
   absl::StatusOr<LayerKvCopy> ReadLayer(int32_t layer) const;
+  // kivi_int4 only: keys and values dequantised to dtype (f32, f16, bf16).
+  absl::StatusOr<LayerKvCopy> ReadKiviLayerAs(int32_t layer, DType dtype) const;
   SessionStats stats() const;
   // The session's state (its layers, last position, work; the caller adds
   // id, layout, policy spec and tenant). With `with_bytes`, copies every
@@ -293,8 +306,14 @@ class Session {
     int64_t appended_view = 0;
   };
   std::vector<AppendPlan> append_plans_;
+  // kivi_int4 (session_kivi.cc): the keys of layer l's appended tokens
+  // that `plan` keeps, quantised with their pages into batch_.
+  void AppendKiviKeys(size_t l, const AppendPlan& plan, const LayerKv& kv,
+                      int64_t n);
   std::vector<PageId> new_pages_;
   AppendQuantizer quantizer_;  // quantised layouts: records of each append
+  // kivi_int4 layouts: the keys, per channel by page (null otherwise).
+  std::unique_ptr<KiviKeys> kivi_;
 };
 
 }  // namespace kvkeep

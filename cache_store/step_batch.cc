@@ -1,5 +1,6 @@
 #include "cache_store/step_batch.h"
 
+#include <cstring>
 #include <vector>
 
 #include "kernels/attention.h"
@@ -71,6 +72,7 @@ void StepBatch::Clear() {
   copies_.clear();
   moves_.clear();
   writes_.clear();
+  key_blocks_.clear();
   scorings_.clear();
   page_ids_.clear();
   slot_moves_.clear();
@@ -81,7 +83,7 @@ void RunStepOnHost(std::byte* arena, const StepBatch& batch) {
   const PageLayout& layout = batch.layout();
   // Reused per thread: the logits of one row, every query head.
   thread_local std::vector<float> scratch;
-  size_t c = 0, m = 0, w = 0, s = 0;
+  size_t c = 0, m = 0, w = 0, k = 0, s = 0;
   for (int32_t stage = 0; stage < batch.stages(); ++stage) {
     for (; c < batch.copies().size() && batch.copies()[c].stage == stage; ++c) {
       CopyPageBytes(arena, layout, batch.copies()[c].from,
@@ -96,6 +98,13 @@ void RunStepOnHost(std::byte* arena, const StepBatch& batch) {
       const StepBatch::Write& e = batch.writes()[w];
       WriteSlotBytes(arena, layout, batch.pages(e.pages).data(), e.first, e.n,
                      e.keys, e.values);
+    }
+    for (;
+         k < batch.key_blocks().size() && batch.key_blocks()[k].stage == stage;
+         ++k) {
+      const StepBatch::KeyBlock& e = batch.key_blocks()[k];
+      std::memcpy(arena + int64_t{e.page} * layout.page_bytes(), e.block,
+                  static_cast<size_t>(layout.key_block_bytes()));
     }
     for (; s < batch.scorings().size() && batch.scorings()[s].stage == stage;
          ++s) {

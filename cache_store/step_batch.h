@@ -67,6 +67,14 @@ class StepBatch {
     const std::byte* keys = nullptr;
     const std::byte* values = nullptr;
   };
+  // A kivi_int4 page's whole key block (layout.key_block_bytes() at `block`,
+  // borrowed) written over page `page`'s, after the stage's writes. Host
+  // memory only (CUDA pools refuse kivi_int4).
+  struct KeyBlock {
+    int32_t stage = 0;
+    PageId page = 0;
+    const std::byte* block = nullptr;
+  };
   // QueryAttention (kernels/attention.h) over `slots` slots of `pages`:
   // queries [rows][query_heads][head_dim] f32 in, out [rows][slots] f32 out.
   // `order` is null when every slot is visible to every row.
@@ -100,6 +108,10 @@ class StepBatch {
   // whose block table is `pages` (nothing when n <= 0).
   void AddWrite(std::span<const PageId> pages, int64_t first, int64_t n,
                 const std::byte* keys, const std::byte* values);
+  // Records a key block write (kivi_int4).
+  void AddKeyBlock(PageId page, const std::byte* block) {
+    key_blocks_.push_back(KeyBlock{stage_, page, block});
+  }
   // Records query scoring of `rows` queries against the first `slots` slots
   // of `pages`; row_order [rows] is each query's causal order, `order` the
   // slots' (empty: every slot visible to every row). Nothing when rows or
@@ -113,7 +125,7 @@ class StepBatch {
   void Clear();
   bool empty() const {
     return copies_.empty() && moves_.empty() && writes_.empty() &&
-           scorings_.empty();
+           key_blocks_.empty() && scorings_.empty();
   }
   // Stages recorded so far: entries have stage in [0, stages()).
   int32_t stages() const { return empty() ? 0 : stage_ + 1; }
@@ -122,6 +134,7 @@ class StepBatch {
   std::span<const PageCopy> copies() const { return copies_; }
   std::span<const Moves> moves() const { return moves_; }
   std::span<const Write> writes() const { return writes_; }
+  std::span<const KeyBlock> key_blocks() const { return key_blocks_; }
   std::span<const Scoring> scorings() const { return scorings_; }
   std::span<const PageId> pages(Range r) const {
     return std::span<const PageId>(page_ids_).subspan(r.offset, r.size);
@@ -141,6 +154,7 @@ class StepBatch {
   std::vector<PageCopy> copies_;
   std::vector<Moves> moves_;
   std::vector<Write> writes_;
+  std::vector<KeyBlock> key_blocks_;
   std::vector<Scoring> scorings_;
   std::vector<PageId> page_ids_;
   std::vector<SlotMove> slot_moves_;
@@ -149,8 +163,8 @@ class StepBatch {
 
 // Runs `batch` over a host arena with the CPU twins: stage by stage, page
 // copies (CopyPageBytes), moves (MoveSlotBytes), then writes
-// (WriteSlotBytes), then scorings (QueryAttention). The host PageMemory's
-// RunStep, and the reference the CUDA memory's is tested against.
+// (WriteSlotBytes), then key blocks, then scorings (QueryAttention). The host
+// PageMemory's RunStep, and the reference the CUDA memory's is tested against.
 void RunStepOnHost(std::byte* arena, const StepBatch& batch);
 
 }  // namespace kvkeep

@@ -37,8 +37,10 @@ void MoveSlotBytes(std::byte* arena, const PageLayout& layout,
     const PageId to_page = pages[m.to_slot / p];
     const int32_t from = m.from_slot % p;
     const int32_t to = m.to_slot % p;
-    std::memcpy(arena + layout.key_offset(to_page, to),
-                arena + layout.key_offset(from_page, from), bytes);
+    if (!IsKivi(layout.dtype)) {  // kivi_int4: key blocks re-quantised
+      std::memcpy(arena + layout.key_offset(to_page, to),
+                  arena + layout.key_offset(from_page, from), bytes);
+    }
     std::memcpy(arena + layout.value_offset(to_page, to),
                 arena + layout.value_offset(from_page, from), bytes);
   }

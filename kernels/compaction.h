@@ -33,7 +33,8 @@ void PlanCompaction(std::span<const int32_t> victims, int64_t n,
                     std::vector<SlotMove>& moves);
 
 // Copies the keys and values of each move's source slot over its target slot
-// in the arena, in order. Byte-exact.
+// in the arena, in order. Byte-exact. kivi_int4: values only (the session
+// re-quantises the key blocks of the pages the moves write).
 //   pages: the layer's block table (slot s lives in pages[s / page_tokens]).
 void MoveSlotBytes(std::byte* arena, const PageLayout& layout,
                    std::span<const PageId> pages,

@@ -20,7 +20,9 @@ namespace kvkeep {
 // f32, f16 and bf16 are stored as they are. int8, fp8_e4m3 and int4 are
 // quantised: the store quantises what workers append (in the layout's
 // append dtype) into token records with per-group scales
-// (kernels/quant_format.h, docs/quantization.md).
+// (kernels/quant_format.h, docs/quantization.md). kivi_int4 stores values as
+// int4 does and a page's keys as one block quantised per channel over the
+// page's tokens (KIVI; kernels/kivi.h).
 enum class DType : uint8_t {
   kF32 = 0,
   kF16 = 1,
@@ -28,11 +30,17 @@ enum class DType : uint8_t {
   kInt8 = 3,
   kFp8E4M3 = 4,
   kInt4 = 5,
+  kKiviInt4 = 6,
 };
 
 constexpr bool IsQuantized(DType t) {
-  return t == DType::kInt8 || t == DType::kFp8E4M3 || t == DType::kInt4;
+  return t == DType::kInt8 || t == DType::kFp8E4M3 || t == DType::kInt4 ||
+         t == DType::kKiviInt4;
 }
+
+// Keys per channel by page (kernels/kivi.h): a page's keys are not token
+// records, so per-token copies of keys do not apply.
+constexpr bool IsKivi(DType t) { return t == DType::kKiviInt4; }
 
 // Bytes of one element of a float dtype (f32, f16, bf16). A quantised dtype
 // has no per-element size (int4 packs two codes a byte and every group has
@@ -55,6 +63,8 @@ constexpr std::string_view DTypeName(DType t) {
       return "fp8_e4m3";
     case DType::kInt4:
       return "int4";
+    case DType::kKiviInt4:
+      return "kivi_int4";
   }
   return "?";
 }

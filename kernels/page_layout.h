@@ -10,6 +10,16 @@
 // record (codes, then the per-group scales and zero points; the format is in
 // kernels/quant_format.h). Either way a token is token_bytes() contiguous
 // bytes, so copies, compaction and transfers move records whole.
+//
+// kivi_int4 is the exception: its values are int4 token records as above,
+// but a page's keys are one block quantised per channel over the page's
+// tokens (KIVI), so a key is not a record of its own:
+//   page: [key block: key_block_bytes()][page_tokens][token_bytes()] (values)
+//   key block: codes [page_tokens][kv_heads * head_dim / 2] (int4, element
+//              2i of a token in the low nibble of its row's byte i), then
+//              per channel c < kv_heads * head_dim a binary16 scale
+//              (little-endian) and then per channel a uint8 zero point
+// Key c of slot t reads (code(t, c) - zero(c)) * scale(c) (kernels/kivi.h).
 // Offsets are 64-bit: page id x page bytes overflows int32 on a real GPU.
 #ifndef KVKEEP_KERNELS_PAGE_LAYOUT_H_
 #define KVKEEP_KERNELS_PAGE_LAYOUT_H_
@@ -38,7 +48,9 @@ struct PageLayout {
   // Quantised records: bytes of the codes, then where the scales and the
   // zero points start, and the number of groups.
   KVKEEP_HOST_DEVICE int64_t code_bytes() const {
-    return dtype == DType::kInt4 ? token_elements() / 2 : token_elements();
+    return dtype == DType::kInt4 || dtype == DType::kKiviInt4
+               ? token_elements() / 2
+               : token_elements();
   }
   KVKEEP_HOST_DEVICE int64_t groups() const {
     return group_size > 0 ? token_elements() / group_size : 0;
@@ -47,26 +59,46 @@ struct PageLayout {
   KVKEEP_HOST_DEVICE int64_t zeros_offset() const {
     return code_bytes() + 2 * groups();
   }
-  // Bytes of one token's keys (or values) for all kv heads.
+  // Bytes of one token's keys (or values) for all kv heads; for kivi_int4,
+  // of one token's values (its keys are in the page's key block).
   KVKEEP_HOST_DEVICE int64_t token_bytes() const {
     if (IsQuantized(dtype)) {
       return code_bytes() + groups() * SpecOf(dtype).meta_bytes();
     }
     return token_elements() * DTypeBytes(dtype);
   }
-  KVKEEP_HOST_DEVICE int64_t page_bytes() const {
-    return 2 * static_cast<int64_t>(page_tokens) * token_bytes();
+  // Bytes of a page's keys: page_tokens records, or kivi_int4's key block
+  // (codes, then a scale and a zero point per channel).
+  KVKEEP_HOST_DEVICE int64_t key_block_bytes() const {
+    if (IsKivi(dtype)) {
+      return static_cast<int64_t>(page_tokens) * code_bytes() +
+             3 * token_elements();
+    }
+    return static_cast<int64_t>(page_tokens) * token_bytes();
   }
-  // Byte offset in the arena of the keys of token `slot_in_page` of `page`.
+  // kivi_int4's key block: where the per-channel scales and zeros start.
+  KVKEEP_HOST_DEVICE int64_t key_scales_offset() const {
+    return static_cast<int64_t>(page_tokens) * code_bytes();
+  }
+  KVKEEP_HOST_DEVICE int64_t key_zeros_offset() const {
+    return key_scales_offset() + 2 * token_elements();
+  }
+  KVKEEP_HOST_DEVICE int64_t page_bytes() const {
+    return key_block_bytes() +
+           static_cast<int64_t>(page_tokens) * token_bytes();
+  }
+  // Byte offset in the arena of the keys of token `slot_in_page` of `page`
+  // (kivi_int4: of its codes' row in the key block).
   KVKEEP_HOST_DEVICE int64_t key_offset(PageId page,
                                         int32_t slot_in_page) const {
+    const int64_t row = IsKivi(dtype) ? code_bytes() : token_bytes();
     return static_cast<int64_t>(page) * page_bytes() +
-           static_cast<int64_t>(slot_in_page) * token_bytes();
+           static_cast<int64_t>(slot_in_page) * row;
   }
   KVKEEP_HOST_DEVICE int64_t value_offset(PageId page,
                                           int32_t slot_in_page) const {
-    return key_offset(page, slot_in_page) +
-           static_cast<int64_t>(page_tokens) * token_bytes();
+    return static_cast<int64_t>(page) * page_bytes() + key_block_bytes() +
+           static_cast<int64_t>(slot_in_page) * token_bytes();
   }
 };
 

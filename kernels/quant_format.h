@@ -20,7 +20,10 @@
 //   fp8_e4m3:    E4M3(code(e)) * scale(g)            (exact in float32)
 // A page holds [2 (K, V)][page_tokens] such records (kernels/page_layout.h),
 // so compaction and transfers move a token with everything needed to read
-// it.
+// it. kivi_int4 holds its values as int4 records and its keys as one block a
+// page, each channel an asymmetric int4 group over the page's tokens with
+// the arithmetic below (kernels/page_layout.h has the block, kernels/kivi.h
+// its twins).
 //
 // Quantising one group of float32 values x (they come from f32, f16 or bf16,
 // all exact in float32):
@@ -76,6 +79,7 @@ KVKEEP_HOST_DEVICE constexpr QuantSpec SpecOf(DType t) {
     case DType::kFp8E4M3:
       return QuantSpec{8, true, false};
     case DType::kInt4:
+    case DType::kKiviInt4:  // its values; its keys: kernels/kivi.h
       return QuantSpec{4, false, true};
     default:
       return QuantSpec{};

@@ -227,6 +227,9 @@ void WidenHead(const PageLayout& layout, const std::byte* token, int32_t head,
       }
       return;
     }
+    case DType::kKiviInt4:  // keys are a page block: WidenKiviKeyHead
+      for (int32_t i = 0; i < d; ++i) dst[i] = 0.0f;
+      return;
   }
 }
 

@@ -33,6 +33,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/fast_exp.h"
+#include "kernels/kivi.h"
 #include "kernels/quantize.h"
 
 namespace kvkeep {
@@ -257,7 +258,10 @@ template <int kHeads, class Keys>
 }
 
 // Head `head` of one stored token as dp floats (zeros past head_dim).
+// `token` is its record in `arena`, or for kivi_int4 its codes' row in its
+// page's key block.
 [[gnu::always_inline]] inline void WidenKey(const PageLayout& lay,
+                                            const std::byte* arena,
                                             const std::byte* token,
                                             int32_t head, int32_t dp,
                                             float* __restrict dst) {
@@ -286,6 +290,15 @@ template <int kHeads, class Keys>
     case DType::kInt4:
       WidenIntHead(lay, reinterpret_cast<const uint8_t*>(token), first, dst);
       break;
+    case DType::kKiviInt4: {  // the key block's per-channel codes
+      const int64_t at = token - arena;
+      const int64_t page = at / lay.page_bytes();
+      WidenKiviKeyHead(lay, arena + page * lay.page_bytes(),
+                       static_cast<int32_t>((at - page * lay.page_bytes()) /
+                                            lay.code_bytes()),
+                       head, dst);
+      break;
+    }
     default:  // fp8_e4m3: a table lookup per code, no vector form to gain
       WidenHead(lay, token, head, dst);
       break;
@@ -337,6 +350,7 @@ struct RowArgs {
 // record, and for the keys after count up to the next register block, which
 // the last block reads).
 [[gnu::always_inline]] inline void LoadTile(const PageLayout& lay,
+                                            const std::byte* arena,
                                             const std::byte* const* records,
                                             int32_t count, int32_t g,
                                             int32_t dp, float* tile) {
@@ -345,7 +359,7 @@ struct RowArgs {
     if (records[t] == nullptr) {
       std::fill(dst, dst + dp, 0.0f);
     } else {
-      WidenKey(lay, records[t], g, dp, dst);
+      WidenKey(lay, arena, records[t], g, dp, dst);
     }
   }
   const int32_t padded = (count + kBlock - 1) / kBlock * kBlock;
@@ -450,7 +464,7 @@ template <class Keys>
                      dp, q_pad, logits, s0);
         }
       } else {
-        LoadTile(lay, now, count, g, dp, key_tile);
+        LoadTile(lay, a.keys->arena, now, count, g, dp, key_tile);
         ScoreGroup(a, g, TileKeys{key_tile, dp}, visible, count, dp, q_pad,
                    logits, s0);
       }

@@ -17,8 +17,10 @@ void WriteSlotBytes(std::byte* arena, const PageLayout& layout,
     const int32_t in_page = static_cast<int32_t>(slot % p);
     const int64_t run = std::min<int64_t>(n - i, p - in_page);
     const PageId page = pages[slot / p];
-    std::memcpy(arena + layout.key_offset(page, in_page),
-                keys + i * token_bytes, run * token_bytes);
+    if (!IsKivi(layout.dtype)) {  // kivi_int4's keys: whole key blocks
+      std::memcpy(arena + layout.key_offset(page, in_page),
+                  keys + i * token_bytes, run * token_bytes);
+    }
     std::memcpy(arena + layout.value_offset(page, in_page),
                 values + i * token_bytes, run * token_bytes);
     i += run;
@@ -35,8 +37,10 @@ void ReadSlotBytes(const std::byte* arena, const PageLayout& layout,
     const int32_t in_page = static_cast<int32_t>(slot % p);
     const int64_t run = std::min<int64_t>(n - i, p - in_page);
     const PageId page = pages[slot / p];
-    std::memcpy(keys + i * token_bytes,
-                arena + layout.key_offset(page, in_page), run * token_bytes);
+    if (!IsKivi(layout.dtype)) {
+      std::memcpy(keys + i * token_bytes,
+                  arena + layout.key_offset(page, in_page), run * token_bytes);
+    }
     std::memcpy(values + i * token_bytes,
                 arena + layout.value_offset(page, in_page), run * token_bytes);
     i += run;

@@ -17,12 +17,14 @@
 namespace kvkeep {
 
 // Writes tokens [0, n) of `keys` and `values` into slots [first, first + n).
-// `pages` must cover slot first + n - 1.
+// `pages` must cover slot first + n - 1. kivi_int4: values only (its keys
+// are whole key blocks, written by the session: kernels/kivi.h).
 void WriteSlotBytes(std::byte* arena, const PageLayout& layout,
                     const PageId* pages, int64_t first, int64_t n,
                     const std::byte* keys, const std::byte* values);
 
-// Reads slots [first, first + n) into tokens [0, n) of `keys` and `values`.
+// Reads slots [first, first + n) into tokens [0, n) of `keys` and `values`
+// (kivi_int4: values only; `keys` is left as it is).
 void ReadSlotBytes(const std::byte* arena, const PageLayout& layout,
                    const PageId* pages, int64_t first, int64_t n,
                    std::byte* keys, std::byte* values);

@@ -26,6 +26,7 @@
 namespace kvkeep {
 namespace {
 
+using ::kvkeep::test_data::AppendBuffers;
 using ::kvkeep::test_data::TokenBytes;
 using ::testing::HasSubstr;
 
@@ -81,28 +82,17 @@ absl::StatusOr<StepResult> Append(CacheStore& store, SessionId id,
                                   const ModelLayout& l, int64_t first,
                                   int64_t n, const float* poison = nullptr,
                                   bool step = false) {
-  std::vector<int64_t> positions(n);
-  for (int64_t i = 0; i < n; ++i) positions[i] = first + i;
-  std::vector<std::vector<std::byte>> keys, values;
-  std::vector<LayerKv> layers;
-  for (int32_t layer = 0; layer < l.num_layers; ++layer) {
-    keys.push_back(TokenBytes(l, layer, positions, false));
-    values.push_back(TokenBytes(l, layer, positions, true));
-  }
+  AppendBuffers data(l, first, n);
   if (poison != nullptr) {
-    StoreFromFloat(l.append_dtype, values[1].data(),
+    StoreFromFloat(l.append_dtype, data.values[1].data(),
                    2 * l.kv_heads * l.head_dim + 40, *poison);
   }
-  for (int32_t layer = 0; layer < l.num_layers; ++layer) {
-    layers.push_back(LayerKv{keys[layer], values[layer]});
-  }
   if (step) {
-    absl::StatusOr<StepOutcome> out =
-        store.Step(id, AppendRequest{positions, layers}, {});
+    absl::StatusOr<StepOutcome> out = store.Step(id, data.request(), {});
     if (!out.ok()) return out.status();
     return out->append;
   }
-  return store.Append(id, AppendRequest{positions, layers});
+  return store.Append(id, data.request());
 }
 
 // A "full" session of `l` holding positions [0, tokens).

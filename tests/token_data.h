@@ -37,11 +37,12 @@ inline std::vector<std::byte> TokenBytes(const ModelLayout& l, int32_t layer,
 }
 
 // Owns the buffers of one append request: TokenBytes of `positions` for
-// every layer of the layout.
+// every layer of the layout. A test may change keys or values before
+// request().
 struct AppendBuffers {
   std::vector<int64_t> positions;
-  std::vector<std::vector<std::byte>> keys, values;
-  std::vector<LayerKv> layers;
+  std::vector<std::vector<std::byte>> keys, values;  // [layer]
+  mutable std::vector<LayerKv> layers;               // request()'s views
 
   AppendBuffers(const ModelLayout& l, std::vector<int64_t> pos)
       : positions(std::move(pos)) {
@@ -49,11 +50,27 @@ struct AppendBuffers {
       keys.push_back(TokenBytes(l, layer, positions, false));
       values.push_back(TokenBytes(l, layer, positions, true));
     }
-    for (int32_t layer = 0; layer < l.num_layers; ++layer) {
+  }
+  // Positions [first, first + n).
+  AppendBuffers(const ModelLayout& l, int64_t first, int64_t n)
+      : AppendBuffers(l, Range(first, n)) {}
+
+  // The request over the data as it is now (valid while this lives and
+  // until the next request()).
+  AppendRequest request() const {
+    layers.clear();
+    for (size_t layer = 0; layer < keys.size(); ++layer) {
       layers.push_back(LayerKv{keys[layer], values[layer]});
     }
+    return AppendRequest{positions, layers};
   }
-  AppendRequest request() const { return AppendRequest{positions, layers}; }
+
+ private:
+  static std::vector<int64_t> Range(int64_t first, int64_t n) {
+    std::vector<int64_t> out(n);
+    for (int64_t i = 0; i < n; ++i) out[i] = first + i;
+    return out;
+  }
 };
 
 }  // namespace kvkeep::test_data

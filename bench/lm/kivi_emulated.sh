@@ -8,6 +8,9 @@
 # kvkeep-lm perplexity --local per format; JSON into OUT, then a table.
 #
 #   bench/lm/kivi_emulated.sh [TOKENS=1024] [OUT=bench/results/quant]
+# KVS="f32 bf16" and FORMATS="int8/g32 ..." pick some (the first of KVS is
+# the baseline). kivi_int4/gG/tT/store is KIVI as kvkeepd's kivi_int4 layout
+# holds it: the open page's keys quantised as it fills (no bf16 window).
 # Needs build/bin/kvkeep-lm, the model (scripts/fetch-model) and the text
 # (scripts/fetch-text). No kvkeepd.
 set -euo pipefail
@@ -24,13 +27,14 @@ lm() {
     --max_tokens="$tokens" --json "$@"
 }
 files=()
-for kv in f32 bf16; do
+for kv in ${KVS:-f32 bf16}; do
   echo "== $kv" >&2
   lm --kv_dtype=$kv >"$out/emulated-$kv-$tokens.json"
   files+=("$out/emulated-$kv-$tokens.json")
 done
-for f in int8/g32 int4/g32 kivi_int4/g32/t32 kivi_int4/g32/t16 int4/g16 \
-  kivi_int4/g16/t16 int2/g32 kivi_int2/g32/t32 int2/g16 kivi_int2/g16/t16; do
+for f in ${FORMATS:-int8/g32 int4/g32 kivi_int4/g32/t32 kivi_int4/g32/t16 \
+  kivi_int4/g32/t16/store int4/g16 kivi_int4/g16/t16 int2/g32 \
+  kivi_int2/g32/t32 int2/g16 kivi_int2/g16/t16}; do
   name="$(tr / - <<<"$f")"
   echo "== $f (emulated)" >&2
   lm --emulate="$f" >"$out/emulated-$name-$tokens.json"

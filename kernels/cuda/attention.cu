@@ -282,6 +282,8 @@ cudaError_t LaunchLogits(const LogitsArgs& args, dim3 grid,
       QueryLogitsKernel<kHeadDim, DType::kInt4>
           <<<grid, kLogitThreads, 0, stream>>>(args);
       return cudaGetLastError();
+    case DType::kKiviInt4:  // CUDA pools refuse it (CudaMemory::CheckLayout)
+      return cudaErrorInvalidValue;
   }
   return cudaErrorInvalidValue;
 }

@@ -19,6 +19,8 @@ v1::DType DTypeToProto(DType t) {
       return v1::DTYPE_FP8_E4M3;
     case DType::kInt4:
       return v1::DTYPE_INT4;
+    case DType::kKiviInt4:
+      return v1::DTYPE_KIVI_INT4;
   }
   return v1::DTYPE_UNSPECIFIED;
 }
@@ -42,6 +44,8 @@ absl::StatusOr<DType> DTypeFromProto(v1::DType t) {
       return DType::kFp8E4M3;
     case v1::DTYPE_INT4:
       return DType::kInt4;
+    case v1::DTYPE_KIVI_INT4:
+      return DType::kKiviInt4;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("unknown dtype ", static_cast<int>(t)));

@@ -1,5 +1,6 @@
 #include "services/lm/emulated_kv.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -8,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "kernels/kivi.h"
 #include "kernels/quant_format.h"
 #include "services/lm/format_emulation.h"
 
@@ -43,7 +45,9 @@ absl::StatusOr<Emulation> Emulation::Parse(const std::string& text) {
   } else {
     return bad("unknown format");
   }
-  if (parts.size() != (kivi ? 3u : 2u) ||
+  e.store_pages =
+      kivi && parts.size() == 4 && parts[3] == "store" && e.code_bits == 0;
+  if (parts.size() != (kivi ? (e.store_pages ? 4u : 3u) : 2u) ||
       !ParseCount(parts[1], 'g', &e.group_size) ||
       (kivi && !ParseCount(parts[2], 't', &e.key_group_tokens))) {
     return bad("no group size");
@@ -59,7 +63,8 @@ std::string Emulation::Name() const {
       code_bits == 2 ? "int2" : std::string(DTypeName(dtype));
   if (key_group_tokens > 0) {
     return absl::StrCat("kivi_", format, "/g", group_size, "/t",
-                        key_group_tokens, " (emulated)");
+                        key_group_tokens, store_pages ? "/store" : "",
+                        " (emulated)");
   }
   return absl::StrCat(format, "/g", group_size, " (emulated)");
 }
@@ -79,7 +84,8 @@ EmulatedKv::EmulatedKv(const ModelConfig& config, const Emulation& emulation,
       layers_(config.layers),
       kv_heads_(config.kv_heads),
       head_dim_(config.head_dim),
-      cache_(config, DType::kF32, capacity_tokens) {}
+      cache_(config, DType::kF32, capacity_tokens),
+      staging_(config.layers) {}
 
 float* EmulatedKv::Tokens(int32_t layer, int kv, int64_t first) {
   // ContiguousKv's arena: [2 (K, V)][capacity][kv_heads][head_dim] floats.
@@ -108,6 +114,7 @@ absl::Status EmulatedKv::Append(const SequenceStep& step) {
   const int64_t n = resident() - first;
   if (absl::Status s = RoundNew(first, n); !s.ok()) return s;
   const int64_t g = emulation_.key_group_tokens;
+  if (g > 0 && emulation_.store_pages) return RoundOpenGroups(first, n);
   if (g > 0) {
     for (int64_t end = (first / g + 1) * g; end <= first + n; end += g) {
       if (absl::Status s = RoundKeyGroup(end - g); !s.ok()) return s;
@@ -162,12 +169,46 @@ absl::Status EmulatedKv::RoundKeyGroup(int64_t first) {
   return absl::OkStatus();
 }
 
+absl::Status EmulatedKv::RoundOpenGroups(int64_t first, int64_t n) {
+  const int32_t g = emulation_.key_group_tokens;
+  const PageLayout page{g, kv_heads_, head_dim_, DType::kKiviInt4,
+                        emulation_.group_size};
+  const int64_t width = page.token_elements();
+  std::vector<std::byte> block(page.key_block_bytes());
+  for (int32_t l = 0; l < layers_; ++l) {
+    std::vector<float>& open = staging_[l];  // tokens [first - open, first)
+    for (int64_t begin = first - static_cast<int64_t>(open.size()) / width;
+         begin < first + n; begin += g) {
+      const int64_t end = std::min<int64_t>(begin + g, first + n);
+      const float* fresh = Tokens(l, 0, std::max(begin, first));
+      open.insert(open.end(), fresh,
+                  fresh + (end - std::max(begin, first)) * width);
+      const auto count = static_cast<int32_t>(end - begin);
+      if (!QuantizeKiviKeys(page, open.data(), count, block.data()).ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "layer ", l, " holds keys ", emulation_.Name(), " cannot"));
+      }
+      DequantizeKiviKeys(page, block.data(), 0, count, DType::kF32,
+                         Tokens(l, 0, begin));
+      if (count == g) open.clear();
+    }
+  }
+  return absl::OkStatus();
+}
+
 int64_t EmulatedKv::held_bytes() const {
   const int64_t width = int64_t{kv_heads_} * head_dim_;
   const int64_t n = resident();
   const int64_t token_bytes = emulation_.TokenBytes(kv_heads_, head_dim_);
   int64_t keys = n * token_bytes;
-  if (const int64_t g = emulation_.key_group_tokens; g > 0) {
+  if (const int64_t g = emulation_.key_group_tokens;
+      g > 0 && emulation_.store_pages) {
+    // The store's pages: a key block a page, open or full, and a page of
+    // float32 keys while one is open.
+    const int64_t pages = (n + g - 1) / g;
+    keys =
+        pages * (g * width / 2 + width * 3) + (n % g != 0 ? g * width * 4 : 0);
+  } else if (g > 0) {
     // Per group: key_bits codes a channel a token, and a binary16 scale and
     // a zero point (3 bytes) a channel; the tokens after it in bf16.
     const int64_t whole = n / g * g;

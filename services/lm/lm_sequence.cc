@@ -392,6 +392,12 @@ absl::StatusOr<KvFormat> FormatOf(const v1::Layout& layout) {
                      (dtype.ok() ? append : dtype).status().message()));
   }
   if (!IsQuantized(*dtype)) return KvFormat(*dtype);
+  if (IsKivi(*dtype)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "layout ", layout.name(),
+        ": kvkeep-lm does not read kivi_int4 pages yet (their keys are "
+        "per-page blocks); --local --emulate=kivi_int4/gG/tT emulates it"));
+  }
   return KvFormat::Quantized(*dtype, *append, layout.group_size());
 }
 

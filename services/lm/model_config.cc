@@ -190,6 +190,11 @@ std::string KvFormat::Name() const {
 }
 
 absl::Status KvFormat::Check(const ModelConfig& config) const {
+  if (IsKivi(dtype)) {
+    return absl::UnimplementedError(
+        "KV format kivi_int4: kvkeep-lm does not read kivi_int4 pages yet; "
+        "--emulate=kivi_int4/gG/tT emulates it");
+  }
   if (IsQuantized(append_dtype)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "KV format ", Name(), ": the append dtype must be f32, f16 or bf16"));

@@ -7,6 +7,7 @@
 // groups; its bytes are the format's.
 #include "services/lm/emulated_kv.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/kivi.h"
 #include "kernels/quant_format.h"
 #include "services/lm/format_emulation.h"
 
@@ -110,7 +112,8 @@ TEST(EmulationTest, ParsesTheFormatsAndNamesWhatIsWrong) {
   EXPECT_EQ(int2->Name(), "kivi_int2/g16/t32 (emulated)");
   for (const char* bad :
        {"int3/g32", "int4", "int4/32", "int4/g0", "int4/g7", "kivi_int4/g32",
-        "kivi_int4/g32/32", "int8/g32/t4", "kivi_int8/g32/t32"}) {
+        "kivi_int4/g32/32", "int8/g32/t4", "kivi_int8/g32/t32",
+        "kivi_int4/g32/t16/stored", "kivi_int2/g32/t16/store"}) {
     absl::StatusOr<Emulation> e = Emulation::Parse(bad);
     EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(e.status().message().find(bad), std::string::npos) << e.status();
@@ -148,6 +151,45 @@ TEST(EmulatedKvTest, KiviKeysArePerChannelOverWholeGroupsAndBf16After) {
     EXPECT_EQ(got[l][1],
               ThroughPerToken(block, DType::kInt4, 8, Bf16(t[l][1]), &bits))
         << "values of layer " << l;
+  }
+}
+
+// As kvkeepd's kivi_int4 holds them ("/store"): after every append, each
+// group of 4 tokens' keys are the store's twin (kernels/kivi.h) over the
+// bf16 of the tokens it holds so far, the open group included, the same
+// whether tokens come one at a time or in chunks.
+TEST(EmulatedKvTest, StorePagesQuantiseTheOpenGroupAsItFills) {
+  const Emulation store = *Emulation::Parse("kivi_int4/g8/t4/store");
+  EXPECT_EQ(store.Name(), "kivi_int4/g8/t4/store (emulated)");
+  const Tokens t = RandomTokens(11, 5);
+  EmulatedKv chunks(Config(), store, 16), singles(Config(), store, 16);
+  const PageLayout page{4, kKvHeads, kHeadDim, DType::kKiviInt4, 8};
+  int64_t at = 0;
+  for (int64_t n : {3, 1, 5, 2}) {
+    ASSERT_TRUE(Append(chunks, t, at, n).ok());
+    for (int64_t i = at; i < at + n; ++i) {
+      ASSERT_TRUE(Append(singles, t, i, 1).ok());
+    }
+    at += n;
+    const Tokens got = Read(chunks);
+    EXPECT_EQ(got, Read(singles)) << at << " tokens";
+    for (int32_t l = 0; l < kLayers; ++l) {
+      const std::vector<float> keys = Bf16(t[l][0]);
+      std::vector<float> want(at * kWidth);
+      std::vector<std::byte> block(page.key_block_bytes());
+      for (int64_t g = 0; g < at; g += 4) {
+        const auto count = static_cast<int32_t>(std::min<int64_t>(4, at - g));
+        ASSERT_TRUE(QuantizeKiviKeys(page, keys.data() + g * kWidth, count,
+                                     block.data())
+                        .ok());
+        DequantizeKiviKeys(page, block.data(), 0, count, DType::kF32,
+                           want.data() + g * kWidth);
+      }
+      EXPECT_EQ(std::vector<float>(got[l][0].begin(),
+                                   got[l][0].begin() + at * kWidth),
+                want)
+          << "keys of layer " << l << " at " << at << " tokens";
+    }
   }
 }
 

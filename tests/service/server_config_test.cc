@@ -168,6 +168,14 @@ TEST(ServerConfigTest, QuantisedLayoutsParseAndBadOnesNameTheLayout) {
                   .ok());
   EXPECT_EQ(c.pools[0].layout.group_size, 32) << "the documented default";
   EXPECT_EQ(c.pools[0].layout.input_dtype(), DType::kBF16);
+  c = DefaultConfig();
+  ASSERT_TRUE(Apply(R"({"layouts": [{"name": "q", "num_layers": 2,
+      "kv_heads": 2, "query_heads": 4, "head_dim": 64, "dtype": "kivi_int4",
+      "pool_pages": 8}]})",
+                    c)
+                  .ok());
+  EXPECT_EQ(c.pools[0].layout.dtype, DType::kKiviInt4);
+  EXPECT_EQ(c.pools[0].layout.input_dtype(), DType::kBF16);
 
   struct Case {
     std::string layout_keys;
@@ -182,6 +190,10 @@ TEST(ServerConfigTest, QuantisedLayoutsParseAndBadOnesNameTheLayout) {
        "layout 'bad': int4 needs an even head_dim (got 63)"},
       {R"("head_dim": 66, "dtype": "int4", "group_size": 33)",
        "layout 'bad': int4 needs an even group_size (got 33)"},
+      {R"("head_dim": 63, "dtype": "kivi_int4", "group_size": 63)",
+       "layout 'bad': kivi_int4 needs an even head_dim (got 63)"},
+      {R"("head_dim": 64, "dtype": "kivi_int4", "group_size": 48)",
+       "layout 'bad': group_size 48 does not divide head_dim 64"},
       {R"("head_dim": 64, "dtype": "int3")",
        "layout 'bad'): unknown dtype 'int3'"},
       {R"("head_dim": 64, "dtype": "int8", "append_dtype": "int4")",

@@ -16,6 +16,7 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DTYPE_INT8: _ClassVar[DType]
     DTYPE_FP8_E4M3: _ClassVar[DType]
     DTYPE_INT4: _ClassVar[DType]
+    DTYPE_KIVI_INT4: _ClassVar[DType]
 
 class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -35,6 +36,7 @@ DTYPE_BF16: DType
 DTYPE_INT8: DType
 DTYPE_FP8_E4M3: DType
 DTYPE_INT4: DType
+DTYPE_KIVI_INT4: DType
 EVENT_KIND_UNSPECIFIED: EventKind
 EVENT_SESSION_CREATED: EventKind
 EVENT_SESSION_FORKED: EventKind

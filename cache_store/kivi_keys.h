@@ -1,0 +1,80 @@
+// KiviKeys: the keys of one kivi_int4 session (KIVI: keys int4 per channel
+// over a page's tokens; kernels/kivi.h has the key block). Per layer it keeps
+// the float32 keys of the open (last, partly filled) page, the store's form
+// of KIVI's full-precision window, and records into the session's StepBatch
+// the key blocks of every page whose tokens change:
+//   - an append re-quantises the open page from its tokens' exact inputs
+//     and quantises every page it fills, so a page in the pool is always a
+//     valid kivi page (a MapPool reader never needs the staging);
+//   - compaction moves values as records (kernels/compaction.h) and
+//     re-quantises the key block of every page the moves write, from the
+//     moved tokens' keys: exact for those of the open page, dequantised
+//     (rounded once before) for the others, so their error compounds; the
+//     new open page's staging is rebuilt the same way.
+// One per session, used under the session's lock; not thread-safe.
+#ifndef KVKEEP_CACHE_STORE_KIVI_KEYS_H_
+#define KVKEEP_CACHE_STORE_KIVI_KEYS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "cache_store/step_batch.h"
+#include "kernels/compaction.h"
+#include "kernels/kivi.h"
+#include "kernels/page_layout.h"
+
+namespace kvkeep {
+
+class KiviKeys {
+ public:
+  KiviKeys(const PageLayout& layout, int32_t layers);
+
+  // Keys [n][E] float32 (finite, |x| <= AppendQuantizer::kKiviKeyMax) of n
+  // tokens appended at slots [first, first + n) of `layer`, whose block
+  // table `pages` covers them; `first` is the layer's size before.
+  void Append(int32_t layer, std::span<const PageId> pages, int64_t first,
+              const float* keys, int64_t n, const std::byte* arena,
+              StepBatch& batch);
+  // After `moves` (PlanCompaction over old_size slots of `pages`, leaving
+  // new_size) are recorded into `batch`.
+  void Compact(int32_t layer, std::span<const PageId> pages,
+               std::span<const SlotMove> moves, int64_t old_size,
+               int64_t new_size, const std::byte* arena, StepBatch& batch);
+  // Keys of slots [0, n) of `layer` as [n][E] of out_type (f32, f16, bf16).
+  void Read(std::span<const PageId> pages, int64_t n, const std::byte* arena,
+            DType out_type, void* out) const;
+
+  // Host bytes of the staging (counted in the session's resident bytes),
+  // and the most it can hold: a page of float32 keys per layer.
+  int64_t staging_bytes() const;
+  int64_t max_staging_bytes() const {
+    return MaxStagingBytes(layout_, static_cast<int32_t>(open_.size()));
+  }
+  static int64_t MaxStagingBytes(const PageLayout& layout, int32_t layers) {
+    return int64_t{layers} * layout.page_tokens * layout.token_elements() *
+           int64_t{sizeof(float)};
+  }
+  // The batch has run: the blocks it borrowed are released.
+  void BatchDone();
+
+ private:
+  // The block of `page` as the batch will leave it so far: its pending
+  // block, else the arena's.
+  const std::byte* BlockOf(PageId page, const std::byte* arena) const;
+  // A block buffer that stays valid until BatchDone.
+  std::byte* NewBlock(PageId page, StepBatch& batch);
+
+  const PageLayout layout_;
+  std::vector<KiviOpenPage> open_;
+  std::deque<std::vector<std::byte>> blocks_;
+  std::vector<std::pair<PageId, const std::byte*>> pending_;
+  std::vector<float> scratch_;
+};
+
+}  // namespace kvkeep
+
+#endif  // KVKEEP_CACHE_STORE_KIVI_KEYS_H_
