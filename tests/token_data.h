@@ -42,7 +42,7 @@ inline std::vector<std::byte> TokenBytes(const ModelLayout& l, int32_t layer,
 struct AppendBuffers {
   std::vector<int64_t> positions;
   std::vector<std::vector<std::byte>> keys, values;  // [layer]
-  mutable std::vector<LayerKv> layers;               // request()'s views
+  mutable std::vector<LayerKv> layers;  // views, rebuilt by request()
 
   AppendBuffers(const ModelLayout& l, std::vector<int64_t> pos)
       : positions(std::move(pos)) {
@@ -50,6 +50,7 @@ struct AppendBuffers {
       keys.push_back(TokenBytes(l, layer, positions, false));
       values.push_back(TokenBytes(l, layer, positions, true));
     }
+    request();
   }
   // Positions [first, first + n).
   AppendBuffers(const ModelLayout& l, int64_t first, int64_t n)
