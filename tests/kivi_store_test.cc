@@ -36,17 +36,7 @@ using ::kvkeep::test_data::TokenBytes;
 using ::testing::HasSubstr;
 
 ModelLayout Layout(DType dtype, const std::string& name) {
-  ModelLayout l;
-  l.name = name;
-  l.num_layers = 2;
-  l.kv_heads = 2;
-  l.query_heads = 4;
-  l.head_dim = 64;
-  l.dtype = dtype;
-  l.group_size = 32;
-  l.append_dtype = DType::kBF16;
-  l.page_tokens = 4;
-  return l;
+  return test_data::SmallLayout(dtype, name);
 }
 const ModelLayout kKivi = Layout(DType::kKiviInt4, "kivi");
 const ModelLayout kFloat = Layout(DType::kF32, "f32");

@@ -31,17 +31,7 @@ using ::kvkeep::test_data::TokenBytes;
 using ::testing::HasSubstr;
 
 ModelLayout Quantised(DType dtype) {
-  ModelLayout l;
-  l.name = std::string(DTypeName(dtype));
-  l.num_layers = 2;
-  l.kv_heads = 2;
-  l.query_heads = 4;
-  l.head_dim = 64;
-  l.dtype = dtype;
-  l.group_size = 32;
-  l.append_dtype = DType::kBF16;
-  l.page_tokens = 4;
-  return l;
+  return test_data::SmallLayout(dtype, std::string(DTypeName(dtype)));
 }
 
 SessionSpec FullSpec(const ModelLayout& l) {

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -17,6 +18,23 @@
 namespace kvkeep::test_data {
 
 using ::kvkeep::testing::Noise;  // a value in [-1, 1) for any tuple
+
+// A small layout for store tests: 2 layers, 2 kv / 4 query heads of
+// head_dim 64, pages of 4 tokens; a quantised dtype in groups of 32,
+// appended as bf16.
+inline ModelLayout SmallLayout(DType dtype, std::string name) {
+  ModelLayout l;
+  l.name = std::move(name);
+  l.num_layers = 2;
+  l.kv_heads = 2;
+  l.query_heads = 4;
+  l.head_dim = 64;
+  l.dtype = dtype;
+  l.group_size = 32;
+  l.append_dtype = DType::kBF16;
+  l.page_tokens = 4;
+  return l;
+}
 
 // The keys (values = false) or values of `positions` in one layer, as a
 // worker appends them (the layout's input dtype): [n][kv_heads][head_dim].
