@@ -146,11 +146,7 @@ class StoreSequence final : public Sequence {
         stream_(session_.Decode()),
         mirror_(std::move(mirror)),
         options_(options),
-        needs_(needs),
-        input_(needs.input),
-        scores_(options.scores),
-        window_(needs.window),
-        label_(options.label) {
+        needs_(needs) {
     slots_.emplace(mirror_.num_layers(), layout_.token_bytes());
   }
 
@@ -183,7 +179,7 @@ class StoreSequence final : public Sequence {
   std::string share_key() const override {
     std::string key = absl::StrCat(
         options_.layout, "|", options_.policy, "|", options_.budget_tokens, "|",
-        static_cast<int>(scores_), "|", std::string(access()));
+        static_cast<int>(options_.scores), "|", std::string(access()));
     for (const auto& [k, v] : options_.params)
       absl::StrAppend(&key, "|", k, "=", v);
     return key;
@@ -195,9 +191,10 @@ class StoreSequence final : public Sequence {
   }
 
   AttentionOutput attention(StepKind kind) const override {
-    if (input_ == PolicyInput::kPerStep) return OutputOf(scores_);
+    if (needs_.input == PolicyInput::kPerStep) return OutputOf(options_.scores);
     // snapkv: the window's rows of the prompt's last chunk.
-    if (input_ == PolicyInput::kCompress && kind == StepKind::kPromptEnd) {
+    if (needs_.input == PolicyInput::kCompress &&
+        kind == StepKind::kPromptEnd) {
       return AttentionOutput::kReduced;
     }
     return AttentionOutput::kNone;
@@ -215,17 +212,18 @@ class StoreSequence final : public Sequence {
       tokens.layers[l] = {step.keys[l], step.values[l]};
     }
     std::vector<v1::LayerScores> scores;
-    if (input_ == PolicyInput::kPerStep) {
+    if (needs_.input == PolicyInput::kPerStep) {
       const int32_t rows = static_cast<int32_t>(step.tokens.size());
       for (int32_t l = 0; l < mirror_.num_layers(); ++l) {
-        scores.push_back(ScoresOf(scores_, l, mirror_.version(l),
+        scores.push_back(ScoresOf(options_.scores, l, mirror_.version(l),
                                   step.attention_out[l], rows));
       }
     }
     absl::StatusOr<v1::DecodeStepResult> result = stream_.Step(tokens, scores);
     if (!result.ok()) return Annotate(result.status());
     if (absl::Status s = Follow(*result, step); !s.ok()) return s;
-    if (input_ == PolicyInput::kCompress && kind == StepKind::kPromptEnd) {
+    if (needs_.input == PolicyInput::kCompress &&
+        kind == StepKind::kPromptEnd) {
       return Compress(step);
     }
     return absl::OkStatus();
@@ -250,19 +248,19 @@ class StoreSequence final : public Sequence {
     return freed.ok() ? absl::OkStatus() : Annotate(freed.status());
   }
 
-  const std::string& label() const override { return label_; }
+  const std::string& label() const override { return options_.label; }
   std::string_view access() const override {
     return mapped_ ? "mapped" : "mirror";
   }
   int64_t min_prompt_end_tokens() const override {
-    return std::max<int64_t>(window_, 1);
+    return std::max<int64_t>(needs_.window, 1);
   }
 
  private:
   absl::Status Annotate(const absl::Status& status) const {
-    return absl::Status(status.code(),
-                        absl::StrCat(label_, " (session ", session_.id(),
-                                     "): ", status.message()));
+    return absl::Status(
+        status.code(), absl::StrCat(options_.label, " (session ", session_.id(),
+                                    "): ", status.message()));
   }
 
   // Applies a step's changes to the block tables and, when mirroring, to
@@ -322,24 +320,24 @@ class StoreSequence final : public Sequence {
   // snapkv: the last `window` rows of the prompt's last chunk, per layer.
   absl::Status Compress(const SequenceStep& step) {
     const int64_t n = static_cast<int64_t>(step.tokens.size());
-    if (n < window_) {
+    if (n < needs_.window) {
       return absl::InvalidArgumentError(
-          absl::StrCat(label_, ": the prompt's last chunk has ", n,
-                       " tokens, snapkv's window needs ", window_));
+          absl::StrCat(options_.label, ": the prompt's last chunk has ", n,
+                       " tokens, snapkv's window needs ", needs_.window));
     }
     std::vector<v1::LayerScores> window;
     for (int32_t l = 0; l < mirror_.num_layers(); ++l) {
       const std::vector<float>& rows = step.attention_out[l];
       const size_t width = rows.size() / n;  // resident before + n
       if (static_cast<int64_t>(width) != mirror_.resident(l)) {
-        return absl::InternalError(
-            absl::StrCat(label_, ": layer ", l, " holds ", mirror_.resident(l),
-                         " tokens, the window's attention covers ", width));
+        return absl::InternalError(absl::StrCat(
+            options_.label, ": layer ", l, " holds ", mirror_.resident(l),
+            " tokens, the window's attention covers ", width));
       }
       window.push_back(client::ReducedScores(
           l, mirror_.version(l),
-          absl::MakeConstSpan(rows).subspan((n - window_) * width),
-          static_cast<int32_t>(window_)));
+          absl::MakeConstSpan(rows).subspan((n - needs_.window) * width),
+          static_cast<int32_t>(needs_.window)));
     }
     absl::StatusOr<v1::StepResult> result = session_.CompressPrompt(window);
     if (!result.ok()) return Annotate(result.status());
@@ -359,10 +357,6 @@ class StoreSequence final : public Sequence {
   std::optional<MappedSource> mapped_;
   const StoreSequenceOptions options_;
   const PolicyNeeds needs_;
-  PolicyInput input_;
-  ScoreForm scores_;
-  int64_t window_;
-  std::string label_;
   bool closed_ = false;
 };
 
