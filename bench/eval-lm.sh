@@ -71,6 +71,7 @@ if [ $quick = 1 ]; then
   ppl_budgets="5% 25% 256"
   ppl_policies="window streaming_llm:sinks=4 h2o:sinks=4,recent=H tova:sinks=4"
   ppl_cache_policies="window streaming_llm:sinks=4"
+  ppl_cache_budgets="$ppl_budgets"
   task_flags=(--quick --lengths=1024 --keys=2 --conv_lengths=1024 --conv_keys=2)
   sweep_flags=()
 else
@@ -80,8 +81,14 @@ else
     tova:sinks=0 tova:sinks=4 scissorhands:sinks=0 scissorhands:sinks=4
     h2o_page:recent=H h2o_page:sinks=4,recent=H"
   ppl_cache_policies="window streaming_llm:sinks=4 h2o:sinks=4,recent=H tova:sinks=4"
+  # Re-indexed positions at the shares only: 1024 tokens is 25% of the
+  # 4096 again, and 256/512 sit between shares the table already has.
+  ppl_cache_budgets="5% 10% 25% 50%"
+  # Five depths at 1024 tokens, three (the ends and the middle) at 2048 and
+  # 4096, 20 keys each: what the grid's time allows (docs/lm-eval.md).
   task_flags=(--depths=0.1,0.3,0.5,0.7,0.9 --conv_lengths=1024,2048 --conv_keys=10)
-  sweep_flags=(--tasks=passkey --lengths=1024 --depths=0.1,0.3,0.5,0.7,0.9)
+  long_depths=(--depths=0.1,0.5,0.9)
+  sweep_flags=(--tasks=passkey --lengths=1024 --depths=0.1,0.5,0.9)
 fi
 answer_budget="25%" press_kept=0.25 sweep_budgets="10% 50%"
 answer_policies="window streaming_llm:sinks=4 h2o:sinks=4,recent=H tova:sinks=4
@@ -101,13 +108,13 @@ runs() {
   echo "$r"
 }
 
-# perplexity POSITIONS POLICIES: one batch per budget (full with the
+# perplexity POSITIONS POLICIES BUDGETS: one batch per budget (full with the
 # first), each kept by --resume once done, so a stopped grid loses at most
 # one batch; raw/perplexity-POSITIONS.json gathers the batches done so far.
 perplexity() {
   local parts="$raw/perplexity-parts" done_parts=() first=1
   mkdir -p "$parts"
-  for b in $ppl_budgets; do
+  for b in $3; do
     local file="$parts/$1-${b/\%/pct}.json" r
     if [ $first = 1 ]; then r="$(runs "$2" "$b")"; else r="$(runs "$2" "$b" "")"; fi
     first=0
@@ -126,8 +133,8 @@ print(json.dumps([r for f in sys.argv[1:] for r in json.load(open(f))], indent=1
   done
 }
 [ $resume = 1 ] || rm -rf "$raw/perplexity-parts" "$raw"/perplexity-*.json
-perplexity original "$ppl_policies"
-perplexity cache "$ppl_cache_policies"
+perplexity original "$ppl_policies" "$ppl_budgets"
+perplexity cache "$ppl_cache_policies" "$ppl_cache_budgets"
 
 # Answers, one context length at a time (a stopped full grid leaves whole
 # lengths done): kvkeep's policies, then kvpress's presses on the same tasks.
@@ -148,12 +155,14 @@ fi
 
 # answers NAME RUNS MAKE_TASKS_FLAGS...: the tasks, every missing
 # (task, run), then kvpress on the same tasks (KEPT: its kept fractions).
+# PARALLEL tasks a batch (default 4): more lanes share each pass over the
+# weights and each shared prefix, and need more of kvkeepd's pool.
 answers() {
   local name="$1" runs="$2" tasks="$raw/tasks-$1.jsonl"
   shift 2
   python3 bench/lm/make_tasks.py --seed="$seed" "$@" --out="$tasks" 2>/dev/null
   stage "answers ($name): $(wc -l <"$tasks") tasks x $(wc -w <<<"$runs") runs"
-  lm answer --tasks="$tasks" --positions=original --parallel=4 --resume \
+  lm answer --tasks="$tasks" --positions=original --parallel="${PARALLEL:-4}" --resume \
     --runs="$runs" --out="$raw/answers-${name%%-*}.jsonl"
   [ $press_ok = 1 ] || return 0
   local kept="${KEPT:-$press_kept}" q=()
@@ -167,10 +176,13 @@ if [ $quick = 1 ]; then
   answers main "$main_runs" "${task_flags[@]}"
 else
   # The budget sweep comes last: the heat maps need every length first.
-  answers main-1024 "$main_runs" "${task_flags[@]}" --lengths=1024 --conv_lengths=1024
-  answers main-2048 "$main_runs" "${task_flags[@]}" --lengths=2048 --conv_lengths=2048
-  answers main-4096 "$main_runs" "${task_flags[@]}" --lengths=4096 --tasks=passkey
-  KEPT=0.1,0.5 answers budgets "$(runs "$answer_policies" "$sweep_budgets" "")" \
+  PARALLEL=8 answers main-1024 "$main_runs" "${task_flags[@]}" --lengths=1024 \
+    --conv_lengths=1024
+  PARALLEL=8 answers main-2048 "$main_runs" "${task_flags[@]}" "${long_depths[@]}" \
+    --lengths=2048 --conv_lengths=2048
+  answers main-4096 "$main_runs" "${task_flags[@]}" "${long_depths[@]}" \
+    --lengths=4096 --tasks=passkey
+  PARALLEL=8 KEPT=0.1,0.5 answers budgets "$(runs "$answer_policies" "$sweep_budgets" "")" \
     "${sweep_flags[@]}"
 fi
 
