@@ -19,6 +19,42 @@ bool ExactMatch(std::string_view generated, std::string_view answer) {
   return generated.substr(first).substr(0, answer.size()) == answer;
 }
 
+NeedleInCache FindNeedle(const KvSource& cache, int32_t layers,
+                         absl::Span<const int32_t> prompt,
+                         absl::Span<const int32_t> needle) {
+  NeedleInCache found;
+  if (needle.empty()) return found;
+  std::vector<int64_t> starts;
+  for (auto it = prompt.begin();
+       (it = std::search(it, prompt.end(), needle.begin(), needle.end())) !=
+       prompt.end();
+       ++it) {
+    starts.push_back(it - prompt.begin());
+  }
+  found.copies = static_cast<int64_t>(starts.size());
+  if (starts.empty() || layers < 1) return found;
+  const int64_t length = static_cast<int64_t>(needle.size());
+  std::vector<char> held(prompt.size());
+  int64_t held_tokens = 0;
+  for (int32_t layer = 0; layer < layers; ++layer) {
+    std::fill(held.begin(), held.end(), 0);
+    for (const int64_t p : cache.Layer(layer).positions) {
+      if (p >= 0 && p < static_cast<int64_t>(held.size())) held[p] = 1;
+    }
+    bool whole = false;
+    for (const int64_t start : starts) {
+      const int64_t n =
+          std::count(held.begin() + start, held.begin() + start + length, 1);
+      held_tokens += n;
+      whole = whole || n == length;
+    }
+    found.layers_whole += whole ? 1 : 0;
+  }
+  found.token_share = static_cast<double>(held_tokens) /
+                      static_cast<double>(layers * found.copies * length);
+  return found;
+}
+
 namespace {
 
 enum class Phase { kWaiting, kPrompt, kPeek, kDecode, kDone };
@@ -82,8 +118,9 @@ void PrepareStep(const Lane& lane, absl::Span<const int64_t> positions,
 
 // Takes the step's result: commits it (not a peek), reads the logits, moves
 // the lane on.
-absl::Status FinishStep(Lane& lane, const SequenceStep& step, int32_t vocab,
-                        int64_t max_new_tokens) {
+absl::Status FinishStep(Lane& lane, const SequenceStep& step,
+                        const ModelConfig& config, int64_t max_new_tokens) {
+  const int32_t vocab = config.vocab;
   Answer& out = *lane.out;
   const AnswerTask& task = *lane.task;
   const auto row = [&](int64_t r) {
@@ -105,6 +142,8 @@ absl::Status FinishStep(Lane& lane, const SequenceStep& step, int32_t vocab,
       absl::StatusOr<CacheUsage> usage = lane.sequence->Usage();
       if (!usage.ok()) return usage.status();
       out.usage = *usage;
+      out.needle = FindNeedle(lane.sequence->cache(), config.layers,
+                              task.prompt, task.needle);
       if (!task.answer.empty()) {
         out.answer_logprobs.push_back(LogProb(row(0), task.answer[0]));
       }
@@ -207,7 +246,6 @@ absl::Status Run(const LlamaModel& model, std::vector<Lane>& lanes,
         std::max(total_rounds, lane.rounds() + options.max_new_tokens - 1);
   }
 
-  const int32_t vocab = model.config().vocab;
   std::vector<Lane*> active;
   std::vector<SequenceStep> batch;
   for (int64_t round = 0;; ++round) {
@@ -233,8 +271,8 @@ absl::Status Run(const LlamaModel& model, std::vector<Lane>& lanes,
       return s;
     }
     for (size_t i = 0; i < active.size(); ++i) {
-      if (absl::Status s =
-              FinishStep(*active[i], batch[i], vocab, options.max_new_tokens);
+      if (absl::Status s = FinishStep(*active[i], batch[i], model.config(),
+                                      options.max_new_tokens);
           !s.ok()) {
         return absl::Status(s.code(), absl::StrCat(active[i]->sequence->label(),
                                                    ": ", s.message()));

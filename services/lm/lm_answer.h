@@ -45,7 +45,26 @@ namespace kvkeep::lm {
 struct AnswerTask {
   std::vector<int32_t> prompt;  // context + question
   std::vector<int32_t> answer;  // the expected answer's tokens
+  // The tokens to look for in the prompt: the answer as the context spells
+  // it (the answer's tokens without a leading bare space, SmolLM2's before
+  // digits). Empty: not looked for.
+  std::vector<int32_t> needle;
 };
+
+// Whether the cache still holds the answer when the question comes: every
+// copy of the needle in the prompt, looked up in each layer's resident
+// positions once the whole prompt is in (the moment of usage).
+struct NeedleInCache {
+  int64_t copies = 0;        // the needle's occurrences in the prompt
+  int32_t layers_whole = 0;  // layers holding every token of some copy
+  // Of (layer, copy, token) triples, the share resident; 0 without copies.
+  double token_share = 0;
+};
+
+// That measure for `prompt` (token i at original position i) on `cache`.
+NeedleInCache FindNeedle(const KvSource& cache, int32_t layers,
+                         absl::Span<const int32_t> prompt,
+                         absl::Span<const int32_t> needle);
 
 struct AnswerOptions {
   int64_t max_new_tokens = 8;
@@ -61,6 +80,7 @@ struct Answer {
   std::vector<double> answer_logprobs;  // per answer token, teacher-forced
   double answer_logprob = 0;            // their sum
   CacheUsage usage;                     // the cache when the prompt was in
+  NeedleInCache needle;                 // the answer in it, then
   int64_t shared_prefix = 0;  // prompt tokens taken from a fork, not streamed
 };
 

@@ -51,6 +51,10 @@ absl::StatusOr<std::vector<TaskLine>> ReadTasks(const Tokenizer& tokenizer) {
   }
   absl::StatusOr<std::string> text = ReadFile(absl::GetFlag(FLAGS_tasks));
   if (!text.ok()) return text.status();
+  // SmolLM2 spells " 2147" as a bare space and the digits: the needle
+  // looked for in the context is the digits.
+  const std::vector<int32_t> spaces = tokenizer.Encode(" ", false);
+  const int32_t space = spaces.size() == 1 ? spaces.front() : -1;
   std::vector<TaskLine> tasks;
   int line_number = 0;
   for (absl::string_view line : absl::StrSplit(*text, '\n')) {
@@ -73,6 +77,10 @@ absl::StatusOr<std::vector<TaskLine>> ReadTasks(const Tokenizer& tokenizer) {
                          false);
     task.tokens.answer = tokenizer.Encode(
         absl::StrCat(" ", task.json["answer"].get<std::string>()), false);
+    task.tokens.needle = task.tokens.answer;
+    if (task.tokens.needle.size() > 1 && task.tokens.needle.front() == space) {
+      task.tokens.needle.erase(task.tokens.needle.begin());
+    }
     absl::StatusOr<std::vector<RunSpec>> runs =
         RunsFromFlags(static_cast<int64_t>(task.tokens.prompt.size()));
     if (!runs.ok()) return runs.status();
@@ -102,6 +110,9 @@ nlohmann::json AnswerLine(const TaskLine& task, const RunSpec& run,
   line["resident_tokens_per_layer"] = a.usage.resident_tokens_per_layer;
   line["resident_kv_bytes"] = a.usage.bytes;
   line["shared_prefix_tokens"] = a.shared_prefix;
+  line["answer_copies"] = a.needle.copies;
+  line["answer_layers_whole"] = a.needle.layers_whole;
+  line["answer_token_share"] = a.needle.token_share;
   return line;
 }
 

@@ -7,7 +7,9 @@
 #  - full's greedy answer is generate's (--local, the same prompt);
 #  - full finds every key; window@48 keeps 48 tokens per layer, the key is
 #    gone and it finds none, its answer log-probability far below full's;
-#    streaming_llm:sinks=4@48 holds 48 tokens too;
+#    streaming_llm:sinks=4@48 holds 48 tokens too; each line says how much of
+#    the key the cache held when the question came (all of both copies in
+#    every layer for full, nothing for window@48);
 #  - a budget given as a share resolves per task; a task file with a broken
 #    line is a clear error naming the line;
 #  - lanes of a run whose prompts begin alike stream the common part once
@@ -48,6 +50,16 @@ for r in by["h2o:sinks=4,recent=16@25%"]:
     assert r["budget_tokens"] == r["prompt_tokens"] // 4, r
     assert r["resident_tokens_per_layer"] <= r["budget_tokens"], r
 assert all(r["answer_token_count"] == 6 for r in rows)  # " " and 5 digits
+# The key in the cache when the question comes: both copies ("The pass key
+# is K. Remember it. K is the pass key.") in every layer of full, in no
+# layer of window@48 (the last 48 tokens are filler and the question).
+assert all(r["answer_copies"] == 2 for r in rows), "the key's two copies"
+for r in by["full"]:
+    assert r["answer_layers_whole"] == 30 and r["answer_token_share"] == 1, r
+for r in by["window@48"]:
+    assert r["answer_layers_whole"] == 0 and r["answer_token_share"] == 0, r
+for r in rows:
+    assert 0 <= r["answer_token_share"] <= 1 and 0 <= r["answer_layers_whole"] <= 30
 EOF
 
 # Shared prefixes: the same tasks with every lane streaming its whole
