@@ -215,6 +215,16 @@ def summarise(rows, keys):
             sum(r["answer_logprob"] for r in g) / len(g), 4)
         d["mean_resident_kv_bytes"] = round(
             sum(r["resident_kv_bytes"] for r in g) / len(g))
+        # The answer in the cache when the question came (kvkeep-lm lines
+        # from 2026-12-02 on; kvpress's and older lines do not say).
+        held = [r for r in g if "answer_token_share" in r]
+        d["n_held_measured"] = len(held)
+        d["mean_answer_token_share"] = round(
+            sum(r["answer_token_share"] for r in held) / len(held),
+            4) if held else ""
+        d["mean_answer_layers_whole"] = round(
+            sum(r["answer_layers_whole"] for r in held) / len(held),
+            2) if held else ""
         out.append(d)
     return out
 
@@ -247,6 +257,39 @@ def passkey_md(cells, rows):
             lp = sum(r["answer_logprob"] for r in g) / len(g)
             cells_txt.append(f"{acc:.2f} ({lp:.1f}) n={len(g)}")
         out.append(f"| {positions} | {run} | " + " | ".join(cells_txt) + " |")
+    return "\n".join(out) + "\n"
+
+
+def held_md(cells, budget):
+    """Accuracy next to what the cache held of the key, per run and depth."""
+    sel = [c for c in cells if c["budget"] in (budget, "all") and
+           c["n_held_measured"]]
+    if not sel:
+        return ""
+    depths = sorted({c["depth"] for c in sel})
+    out = ["### Passkey: found / held when the question came\n",
+           "Per run and depth (every length): exact matches of n, then the "
+           "share of the key's tokens (both copies, every layer) still in "
+           "the cache after the prompt, and the mean number of layers (of "
+           "30) holding a whole copy. Only lines that measured it.\n",
+           "| run | " + " | ".join(f"depth {d}" for d in depths) + " |",
+           "|---|" + "---:|" * len(depths)]
+    for run in dict.fromkeys(c["run"] for c in sel):
+        txt = []
+        for d in depths:
+            g = [c for c in sel if c["run"] == run and c["depth"] == d]
+            n = sum(c["n_held_measured"] for c in g)
+            if not n:
+                txt.append("–")
+                continue
+            acc = sum(c["accuracy"] * c["n"] for c in g) / sum(
+                c["n"] for c in g)
+            share = sum(c["mean_answer_token_share"] * c["n_held_measured"]
+                        for c in g) / n
+            whole = sum(c["mean_answer_layers_whole"] * c["n_held_measured"]
+                        for c in g) / n
+            txt.append(f"{acc:.2f}: {share:.2f}, {whole:.1f} layers (n={n})")
+        out.append(f"| {run} | " + " | ".join(txt) + " |")
     return "\n".join(out) + "\n"
 
 
@@ -477,6 +520,9 @@ def main():
         open(os.path.join(a.out, "passkey.md"), "w").write(
             passkey_md(cells, passkey))
         heatmap_png(cells, a.out, a.heatmap_budget)
+        held = held_md(cells, a.heatmap_budget)
+        if held:
+            open(os.path.join(a.out, "passkey_held.md"), "w").write(held)
         budget_md = passkey_budget_md(passkey)
         if budget_md:
             open(os.path.join(a.out, "passkey_budgets.md"), "w").write(
