@@ -16,6 +16,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "nlohmann/json.hpp"
 #include "services/lm/lm_answer.h"
 #include "services/lm/lm_cli.h"
@@ -219,9 +221,26 @@ absl::Status AnswerCommand() {
       };
     }
     absl::StatusOr<std::vector<std::vector<Answer>>> answers;
+    const absl::Time started = absl::Now();
     if (status.ok())
       answers = RunAnswers(*setup.model, batch, sequences, options);
     if (status.ok() && !answers.ok()) status = answers.status();
+    if (status.ok() && !tty) {  // a log: one line a batch, with its time
+      int64_t prompt = 0, forked = 0;
+      for (size_t t = 0; t < answers->size(); ++t) {
+        for (const Answer& a : (*answers)[t]) {
+          prompt += static_cast<int64_t>(batch[t].prompt.size());
+          forked += a.shared_prefix;
+        }
+      }
+      std::fprintf(stderr,
+                   "tasks %zu-%zu of %zu: %.0f s, %lld prompt tokens over "
+                   "the runs (%lld from forks)\n",
+                   first + 1, end, tasks->size(),
+                   absl::ToDoubleSeconds(absl::Now() - started),
+                   static_cast<long long>(prompt),
+                   static_cast<long long>(forked));
+    }
     for (size_t t = 0; status.ok() && t < answers->size(); ++t) {
       const TaskLine& task = (*tasks)[first + t];
       for (size_t r = 0; r < task.runs.size(); ++r) {
