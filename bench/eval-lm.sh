@@ -153,10 +153,10 @@ if [ $press = 1 ] && [ -f bench/lm/press_eval.py ] && [ -x scripts/kvpress-env ]
   fi
 fi
 
-# answers NAME RUNS MAKE_TASKS_FLAGS...: the tasks, every missing
-# (task, run), then kvpress on the same tasks (KEPT: its kept fractions).
-# PARALLEL tasks a batch (default 4): more lanes share each pass over the
-# weights and each shared prefix, and need more of kvkeepd's pool.
+# answers NAME RUNS MAKE_TASKS_FLAGS...: the tasks (raw/tasks-NAME.jsonl)
+# and every missing (task, run) through kvkeep. PARALLEL tasks a batch
+# (default 4): more lanes share each pass over the weights and each shared
+# prefix, and need more of kvkeepd's pool.
 answers() {
   local name="$1" runs="$2" tasks="$raw/tasks-$1.jsonl"
   shift 2
@@ -164,26 +164,36 @@ answers() {
   stage "answers ($name): $(wc -l <"$tasks") tasks x $(wc -w <<<"$runs") runs"
   lm answer --tasks="$tasks" --positions=original --parallel="${PARALLEL:-4}" --resume \
     --runs="$runs" --out="$raw/answers-${name%%-*}.jsonl"
+}
+# press NAME: kvpress on the same tasks (KEPT: its kept fractions).
+press() {
   [ $press_ok = 1 ] || return 0
   local kept="${KEPT:-$press_kept}" q=()
-  stage "kvpress ($name): its pipeline on the same tasks, $kept kept"
+  stage "kvpress ($1): its pipeline on the same tasks, $kept kept"
   [ $quick = 1 ] && q=(--quick)
-  "$py" bench/lm/press_eval.py tasks --tasks="$tasks" --kept="$kept" \
-    --resume "${q[@]}" --out="$out/press_tasks.csv"
+  "$py" bench/lm/press_eval.py tasks --tasks="$raw/tasks-$1.jsonl" \
+    --kept="$kept" --resume "${q[@]}" --out="$out/press_tasks.csv"
 }
 main_runs="$(runs "$answer_policies" "$answer_budget")"
 if [ $quick = 1 ]; then
   answers main "$main_runs" "${task_flags[@]}"
+  press main
 else
-  # The budget sweep comes last: the heat maps need every length first.
+  # kvkeep's lengths first (the heat maps need them all), then the budget
+  # sweep, then kvpress on the same tasks, the shortest first: a grid
+  # stopped part way leaves whole stages done.
   PARALLEL=8 answers main-1024 "$main_runs" "${task_flags[@]}" --lengths=1024 \
     --conv_lengths=1024
+  press main-1024
   PARALLEL=8 answers main-2048 "$main_runs" "${task_flags[@]}" "${long_depths[@]}" \
     --lengths=2048 --conv_lengths=2048
   answers main-4096 "$main_runs" "${task_flags[@]}" "${long_depths[@]}" \
     --lengths=4096 --tasks=passkey
-  PARALLEL=8 KEPT=0.1,0.5 answers budgets "$(runs "$answer_policies" "$sweep_budgets" "")" \
+  PARALLEL=8 answers budgets "$(runs "$answer_policies" "$sweep_budgets" "")" \
     "${sweep_flags[@]}"
+  press main-2048
+  press main-4096
+  KEPT=0.1,0.5 press budgets
 fi
 
 if [ $press_ok = 1 ]; then
