@@ -46,6 +46,10 @@ finished() { [ $resume = 1 ] && [ -s "$1" ]; }
 KVKEEP_PACKAGES+=(gnuplot-nox)
 kvkeep_install_missing
 kvkeep_openblas_env  # the model's matrix products (scripts/lib.sh)
+# kvpress's torch runs OpenMP, whose threads spin at every barrier: on a
+# machine shared with anything else a spinning thread waits on a
+# descheduled one (2.7x slower rows on 2026-12-02). kvkeep-lm has no OpenMP.
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 stage "build kvkeepd, kvkeep-lm"
 kvkeep_build build "kvkeepd kvkeep_lm"
 model="$(scripts/fetch-model | tail -n 1)"
