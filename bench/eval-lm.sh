@@ -169,14 +169,17 @@ answers() {
   lm answer --tasks="$tasks" --positions=original --parallel="${PARALLEL:-4}" --resume \
     --runs="$runs" --out="$raw/answers-${name%%-*}.jsonl"
 }
-# press NAME: kvpress on the same tasks (KEPT: its kept fractions).
+# press NAME: kvpress on the same tasks (KEPT: its kept fractions;
+# PRESSES: which, default all; KEYS: the first KEYS passkey keys of each
+# cell, default all).
 press() {
   [ $press_ok = 1 ] || return 0
   local kept="${KEPT:-$press_kept}" q=()
   stage "kvpress ($1): its pipeline on the same tasks, $kept kept"
   [ $quick = 1 ] && q=(--quick)
   "$py" bench/lm/press_eval.py tasks --tasks="$raw/tasks-$1.jsonl" \
-    --kept="$kept" --resume "${q[@]}" --out="$out/press_tasks.csv"
+    --kept="$kept" --presses="${PRESSES:-}" --max_keys="${KEYS:-0}" \
+    --resume "${q[@]}" --out="$out/press_tasks.csv"
 }
 main_runs="$(runs "$answer_policies" "$answer_budget")"
 if [ $quick = 1 ]; then
@@ -195,9 +198,13 @@ else
     --lengths=4096 --tasks=passkey
   PARALLEL=8 answers budgets "$(runs "$answer_policies" "$sweep_budgets" "")" \
     "${sweep_flags[@]}"
-  press main-2048
-  press main-4096
-  KEPT=0.1,0.5 press budgets
+  # kvpress past 1024 tokens: the methods both sides have and its own
+  # strongest, on the first 10 keys of each cell (a row at 4096 tokens is
+  # about half a minute of the 2-core machine).
+  long_presses=full,streaming_llm,snapkv,tova,observed_attention,pyramidkv,expected_attention
+  PRESSES=$long_presses KEYS=10 press main-2048
+  PRESSES=$long_presses KEYS=10 press main-4096
+  PRESSES=${long_presses#full,} KEYS=10 KEPT=0.1,0.5 press budgets
 fi
 
 if [ $press_ok = 1 ]; then
