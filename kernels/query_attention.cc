@@ -35,6 +35,7 @@
 #include "kernels/fast_exp.h"
 #include "kernels/kivi.h"
 #include "kernels/quantize.h"
+#include "kernels/widen_avx512.h"
 
 namespace kvkeep {
 namespace {
@@ -353,13 +354,18 @@ struct RowArgs {
                                             const std::byte* arena,
                                             const std::byte* const* records,
                                             int32_t count, int32_t g,
-                                            int32_t dp, float* tile) {
-  for (int32_t t = 0; t < count; ++t) {
-    float* dst = tile + int64_t{t} * dp;
-    if (records[t] == nullptr) {
-      std::fill(dst, dst + dp, 0.0f);
-    } else {
-      WidenKey(lay, arena, records[t], g, dp, dst);
+                                            int32_t dp, bool avx512,
+                                            float* tile) {
+  if (avx512) {
+    WidenTileAvx512(lay, records, count, g, dp, tile);
+  } else {
+    for (int32_t t = 0; t < count; ++t) {
+      float* dst = tile + int64_t{t} * dp;
+      if (records[t] == nullptr) {
+        std::fill(dst, dst + dp, 0.0f);
+      } else {
+        WidenKey(lay, arena, records[t], g, dp, dst);
+      }
     }
   }
   const int32_t padded = (count + kBlock - 1) / kBlock * kBlock;
@@ -431,6 +437,9 @@ template <class Keys>
   // faster without the prefetch instructions (7% of the time at 256 bf16
   // tokens); larger sets come from memory, where they pay.
   const bool prefetch = n * lay.token_bytes() > (int64_t{1} << 20);
+  // int8 / int4 / fp8 / f16 keys widened with AVX-512 intrinsics where the
+  // CPU has them (kernels/widen_avx512.h: the same floats).
+  const bool avx512 = Avx512Widens(lay);
   bool visible[kMaxTileKeys];
   TileRecords(a, 0, static_cast<int32_t>(std::min<int64_t>(tile_keys, n)),
               records[0]);
@@ -464,7 +473,7 @@ template <class Keys>
                      dp, q_pad, logits, s0);
         }
       } else {
-        LoadTile(lay, a.keys->arena, now, count, g, dp, key_tile);
+        LoadTile(lay, a.keys->arena, now, count, g, dp, avx512, key_tile);
         ScoreGroup(a, g, TileKeys{key_tile, dp}, visible, count, dp, q_pad,
                    logits, s0);
       }
