@@ -487,27 +487,52 @@ template <class Keys>
 
 // out_row[s] += softmax over s of logits[j], for each of `group` heads in
 // order; a head with no visible slot adds nothing. Overwrites the logits
-// with exp(logit - max).
+// with exp(logit - max). Whole chunks of 16 slots with 16 running maxima and
+// sums, then the tail: loops over the whole row made GCC peel scalar
+// iterations until a row (not 64-byte aligned) was, which cost more than the
+// vector part at 256 slots. The denominator sums lane k's slots (s % 16 ==
+// k) in slot order, then lanes 0..15 and the tail in order.
 [[gnu::always_inline]] inline void AddSoftmax(float* logits, int32_t group,
                                               int64_t n, float scale,
                                               float* out_row) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const int64_t whole = n / kLanes * kLanes;
   for (int32_t j = 0; j < group; ++j) {
     float* l = logits + j * n;
-    float mx = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : mx)
-    for (int64_t s = 0; s < n; ++s) mx = l[s] > mx ? l[s] : mx;
-    if (mx == -std::numeric_limits<float>::infinity()) continue;
+    float lane[kLanes];
+    std::fill_n(lane, kLanes, kNegInf);
+    for (int64_t s = 0; s < whole; s += kLanes) {
+#pragma omp simd
+      for (int k = 0; k < kLanes; ++k) {
+        lane[k] = l[s + k] > lane[k] ? l[s + k] : lane[k];
+      }
+    }
+    float mx = kNegInf;
+    for (int k = 0; k < kLanes; ++k) mx = lane[k] > mx ? lane[k] : mx;
+    for (int64_t s = whole; s < n; ++s) mx = l[s] > mx ? l[s] : mx;
+    if (mx == kNegInf) continue;
+    // The logits are unscaled dot products: scale > 0 keeps the max.
+    std::fill_n(lane, kLanes, 0.0f);
+    for (int64_t s = 0; s < whole; s += kLanes) {
+#pragma omp simd
+      for (int k = 0; k < kLanes; ++k) {
+        const float e = ExpNonPositive((l[s + k] - mx) * scale);  // masked: 0
+        l[s + k] = e;
+        lane[k] += e;
+      }
+    }
     float denom = 0.0f;
-#pragma omp simd reduction(+ : denom)
-    for (int64_t s = 0; s < n; ++s) {
-      // The logits are unscaled dot products: scale > 0 keeps the max.
-      const float e = ExpNonPositive((l[s] - mx) * scale);  // masked: 0
-      l[s] = e;
-      denom += e;
+    for (int k = 0; k < kLanes; ++k) denom += lane[k];
+    for (int64_t s = whole; s < n; ++s) {
+      l[s] = ExpNonPositive((l[s] - mx) * scale);
+      denom += l[s];
     }
     const float inv = 1.0f / denom;
+    for (int64_t s = 0; s < whole; s += kLanes) {
 #pragma omp simd
-    for (int64_t s = 0; s < n; ++s) out_row[s] += l[s] * inv;
+      for (int k = 0; k < kLanes; ++k) out_row[s + k] += l[s + k] * inv;
+    }
+    for (int64_t s = whole; s < n; ++s) out_row[s] += l[s] * inv;
   }
 }
 
