@@ -321,7 +321,7 @@ struct RowArgs {
                                             int32_t dp, bool avx512,
                                             float* tile) {
   if (avx512) {
-    WidenTileAvx512(lay, records, count, g, dp, tile);
+    WidenTileAvx512(lay, arena, records, count, g, dp, tile);
   } else {
     for (int32_t t = 0; t < count; ++t) {
       float* dst = tile + int64_t{t} * dp;

@@ -35,6 +35,8 @@ bool Avx512Widens(const PageLayout& layout) {
     case DType::kInt4:
     case DType::kFp8E4M3:
       return layout.group_size > 0 && layout.group_size % 32 == 0;
+    case DType::kKiviInt4:
+      return layout.head_dim % 32 == 0;
     default:
       return false;
   }
@@ -160,12 +162,45 @@ template <DType kType>
   }
 }
 
+// kivi_int4: `row` is slot's codes row in its page's key block (`block`);
+// key c reads (code(c) - zero(c)) * scale(c) with the page's per-channel
+// scales and zeros (kernels/kivi.h's KeyAt, the same operations).
+[[gnu::always_inline]] inline void WidenKivi(const PageLayout& lay,
+                                             const uint8_t* block,
+                                             const uint8_t* row, int32_t head,
+                                             float* dst) {
+  const int64_t first = int64_t{head} * lay.head_dim;
+  const uint8_t* scales = block + lay.key_scales_offset() + 2 * first;
+  const uint8_t* zeros = block + lay.key_zeros_offset() + first;
+  const uint8_t* codes = row + first / 2;
+  const __m128i nibble = _mm_set1_epi8(0x0f);
+  for (int32_t i = 0; i < lay.head_dim; i += 32) {
+    const __m128i b =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i / 2));
+    const __m128i lo = _mm_and_si128(b, nibble);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), nibble);
+    const __m128i part[2] = {_mm_unpacklo_epi8(lo, hi),
+                             _mm_unpackhi_epi8(lo, hi)};
+    for (int32_t h = 0; h < 2; ++h) {
+      const int32_t at = i + 16 * h;
+      const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(scales + 2 * at)));
+      const __m512i z = _mm512_cvtepu8_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(zeros + at)));
+      StoreDequant(_mm512_cvtepu8_epi32(part[h]), z, s, dst + at);
+    }
+  }
+}
+
 template <DType kType>
-void WidenRows(const PageLayout& lay, const std::byte* const* records,
-               int32_t count, int32_t head, int32_t dp, float* tile) {
+void WidenRows(const PageLayout& lay, const std::byte* arena,
+               const std::byte* const* records, int32_t count, int32_t head,
+               int32_t dp, float* tile) {
   const int32_t d = lay.head_dim;
   HeadGeometry geo{};
-  if constexpr (kType != DType::kF16) geo = GeometryOf(lay, head);
+  if constexpr (kType != DType::kF16 && kType != DType::kKiviInt4) {
+    geo = GeometryOf(lay, head);
+  }
   for (int32_t t = 0; t < count; ++t) {
     float* dst = tile + int64_t{t} * dp;
     const auto* rec = reinterpret_cast<const uint8_t*>(records[t]);
@@ -175,6 +210,13 @@ void WidenRows(const PageLayout& lay, const std::byte* const* records,
     }
     if constexpr (kType == DType::kF16) {
       WidenF16(lay, rec, head, dst);
+    } else if constexpr (kType == DType::kKiviInt4) {
+      const int64_t at = records[t] - arena;
+      const int64_t page = at / lay.page_bytes();
+      WidenKivi(
+          lay,
+          reinterpret_cast<const uint8_t*>(arena) + page * lay.page_bytes(),
+          rec, head, dst);
     } else {
       WidenQuantized<kType>(geo, rec, dst);
     }
@@ -307,17 +349,25 @@ void DotsAvx512(const float* q, int32_t heads, int32_t dp, const KeyRows& keys,
   }
 }
 
-void WidenTileAvx512(const PageLayout& layout, const std::byte* const* records,
-                     int32_t count, int32_t head, int32_t dp, float* tile) {
+void WidenTileAvx512(const PageLayout& layout, const std::byte* arena,
+                     const std::byte* const* records, int32_t count,
+                     int32_t head, int32_t dp, float* tile) {
   switch (layout.dtype) {
+    case DType::kKiviInt4:
+      return WidenRows<DType::kKiviInt4>(layout, arena, records, count, head,
+                                         dp, tile);
     case DType::kF16:
-      return WidenRows<DType::kF16>(layout, records, count, head, dp, tile);
+      return WidenRows<DType::kF16>(layout, arena, records, count, head, dp,
+                                    tile);
     case DType::kInt8:
-      return WidenRows<DType::kInt8>(layout, records, count, head, dp, tile);
+      return WidenRows<DType::kInt8>(layout, arena, records, count, head, dp,
+                                     tile);
     case DType::kInt4:
-      return WidenRows<DType::kInt4>(layout, records, count, head, dp, tile);
+      return WidenRows<DType::kInt4>(layout, arena, records, count, head, dp,
+                                     tile);
     case DType::kFp8E4M3:
-      return WidenRows<DType::kFp8E4M3>(layout, records, count, head, dp, tile);
+      return WidenRows<DType::kFp8E4M3>(layout, arena, records, count, head, dp,
+                                        tile);
     default:
       return;
   }
@@ -329,8 +379,9 @@ void WidenTileAvx512(const PageLayout& layout, const std::byte* const* records,
 
 bool CpuHasAvx512() { return false; }
 bool Avx512Widens(const PageLayout&) { return false; }
-void WidenTileAvx512(const PageLayout&, const std::byte* const*, int32_t,
-                     int32_t, int32_t, float*) {}
+void WidenTileAvx512(const PageLayout&, const std::byte*,
+                     const std::byte* const*, int32_t, int32_t, int32_t,
+                     float*) {}
 void DotsAvx512(const float*, int32_t, int32_t, const KeyRows&, int32_t, float*,
                 int64_t) {}
 

@@ -22,15 +22,17 @@ bool CpuHasAvx512();
 
 // Whether WidenTileAvx512 handles this layout on this CPU: f16 with head_dim
 // % 16 == 0; int8, int4 and fp8_e4m3 with group_size % 32 == 0 (so head_dim
-// too). Other dtypes (f32, bf16 and kivi_int4 have loads of their own) and
-// shapes: no.
+// too); kivi_int4 with head_dim % 32 == 0. Other dtypes (f32 and bf16 are
+// read in place) and shapes: no.
 bool Avx512Widens(const PageLayout& layout);
 
-// tile [count][dp] <- kv head `head` of records[t] (a token's key record),
+// tile [count][dp] <- kv head `head` of records[t] (a token's key record;
+// kivi_int4: its codes row in its page's key block, pages of `arena`),
 // head_dim floats each, then zeros up to dp (dp >= head_dim, a multiple of
 // 16); a null record gives a row of zeros.
-void WidenTileAvx512(const PageLayout& layout, const std::byte* const* records,
-                     int32_t count, int32_t head, int32_t dp, float* tile);
+void WidenTileAvx512(const PageLayout& layout, const std::byte* arena,
+                     const std::byte* const* records, int32_t count,
+                     int32_t head, int32_t dp, float* tile);
 
 // Where DotsAvx512 reads key t's head_dim elements: in place in the pages
 // (f32 or bf16 records; rows[t] = the kv head's first element) or in a tile

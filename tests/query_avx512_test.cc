@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/kivi.h"
 #include "kernels/quantize.h"
 
 namespace kvkeep {
@@ -41,7 +42,7 @@ void ExpectSameAsTwin(const PageLayout& layout,
   std::vector<float> tile(int64_t{count} * dp, std::nanf(""));
   std::vector<float> want(d);
   for (int32_t head = 0; head < layout.kv_heads; ++head) {
-    WidenTileAvx512(layout, rows.data(), count, head, dp, tile.data());
+    WidenTileAvx512(layout, nullptr, rows.data(), count, head, dp, tile.data());
     for (int32_t t = 0; t < count; ++t) {
       const float* got = tile.data() + int64_t{t} * dp;
       if (rows[t] == nullptr) {
@@ -122,6 +123,50 @@ TEST_F(QueryAvx512Test, EveryFp8CodeWidensAsTheTwin) {
   ExpectSameAsTwin(layout, EveryCode(layout));
 }
 
+// kivi_int4: every code at every position of a page's rows, per-channel
+// scales of every kind and zero points, in the second page of an arena (the
+// widening finds a row's block from its offset).
+TEST_F(QueryAvx512Test, EveryKiviCodeWidensAsTheTwin) {
+  const PageLayout layout{16, 2, 64, DType::kKiviInt4, 32};
+  ASSERT_TRUE(Avx512Widens(layout));
+  std::vector<std::byte> arena(2 * layout.page_bytes());
+  auto* block = reinterpret_cast<uint8_t*>(arena.data()) + layout.page_bytes();
+  const int64_t channels = layout.token_elements();
+  for (int32_t t = 0; t < layout.page_tokens; ++t) {
+    uint8_t* row = block + t * layout.code_bytes();
+    for (int64_t c = 0; c < channels; ++c) {
+      const uint8_t code = static_cast<uint8_t>((c + t * 7) % 16);
+      row[c / 2] |= static_cast<uint8_t>(c % 2 ? code << 4 : code);
+    }
+  }
+  for (int64_t c = 0; c < channels; ++c) {
+    const uint16_t s = kScales[c % std::size(kScales)];
+    block[layout.key_scales_offset() + 2 * c] = static_cast<uint8_t>(s & 0xff);
+    block[layout.key_scales_offset() + 2 * c + 1] =
+        static_cast<uint8_t>(s >> 8);
+    block[layout.key_zeros_offset() + c] = static_cast<uint8_t>((c * 5) % 16);
+  }
+  std::vector<const std::byte*> rows;
+  for (int32_t t = 0; t < layout.page_tokens; ++t) {
+    rows.push_back(arena.data() + layout.page_bytes() +
+                   t * layout.code_bytes());
+  }
+  const int32_t d = layout.head_dim;
+  std::vector<float> tile(rows.size() * d), want(d);
+  for (int32_t head = 0; head < layout.kv_heads; ++head) {
+    WidenTileAvx512(layout, arena.data(), rows.data(),
+                    static_cast<int32_t>(rows.size()), head, d, tile.data());
+    for (int32_t t = 0; t < layout.page_tokens; ++t) {
+      WidenKiviKeyHead(layout, arena.data() + layout.page_bytes(), t, head,
+                       want.data());
+      for (int32_t i = 0; i < d; ++i) {
+        ASSERT_EQ(Bits(tile[t * d + i]), Bits(want[i]))
+            << "slot " << t << " head " << head << " element " << i;
+      }
+    }
+  }
+}
+
 // Every binary16 bit pattern: the same value as WidenHead, NaN for NaN (the
 // hardware conversion quiets a signalling NaN's payload; a NaN key makes its
 // head's softmax NaN either way).
@@ -139,8 +184,8 @@ TEST_F(QueryAvx512Test, EveryHalfWidensToTheTwinsValue) {
   std::vector<const std::byte*> rows;
   for (const auto& r : records) rows.push_back(r.data());
   std::vector<float> tile(rows.size() * 256);
-  WidenTileAvx512(layout, rows.data(), static_cast<int32_t>(rows.size()), 0,
-                  256, tile.data());
+  WidenTileAvx512(layout, nullptr, rows.data(),
+                  static_cast<int32_t>(rows.size()), 0, 256, tile.data());
   std::vector<float> want(256);
   for (size_t r = 0; r < rows.size(); ++r) {
     WidenHead(layout, rows[r], 0, want.data());
@@ -161,7 +206,7 @@ TEST_F(QueryAvx512Test, NotForOtherDtypesOrShapes) {
   EXPECT_FALSE(Avx512Widens(PageLayout{16, 2, 64, DType::kBF16}));
   EXPECT_FALSE(Avx512Widens(PageLayout{16, 2, 72, DType::kF16}));
   EXPECT_FALSE(Avx512Widens(PageLayout{16, 2, 64, DType::kInt4, 16}));
-  EXPECT_FALSE(Avx512Widens(PageLayout{16, 2, 64, DType::kKiviInt4, 32}));
+  EXPECT_FALSE(Avx512Widens(PageLayout{16, 2, 80, DType::kKiviInt4, 32}));
 }
 
 // Every register block shape (4, 2 and 1 heads; 4 and 8 keys) and a key
