@@ -1,17 +1,22 @@
 // QueryAttention (kernels/attention.h): the CPU twin of the query-scoring
-// kernel, blocked for the cache and written in GCC vector extensions.
+// kernel, blocked for the cache and written in GCC vector extensions, with
+// its key loads and dot products in AVX-512 intrinsics on CPUs that have
+// them (kernels/query_avx512.h, chosen at run time).
 //
 // Per row, over tiles of resident slots (32 at head_dim 128; the next
 // tile's token records are prefetched while one is scored), and inside a
 // tile per kv head g:
-//   1. the tile's keys of head g are widened (f32 copied, f16/bf16
-//      converted, int8/int4 dequantised with their group scales, fp8 through
-//      WidenHead) into a float tile [keys][dp] on the stack, dp = head_dim
-//      rounded up to 16 with zeros: each key is dequantised once and stays
-//      in L1 while every query head of its GQA group reads it;
-//   2. logits for blocks of (query heads x keys), 8 accumulators of 16
-//      lanes in registers, folded into the 8 dot products by a shuffle tree
-//      (no horizontal sum per dot product), into scratch [query_heads][n];
+//   1. the tile's keys of head g are widened (f16/bf16 converted,
+//      int8/int4/fp8/kivi_int4 dequantised with their scales; AVX-512:
+//      query_avx512.cc, otherwise WidenKey / WidenHead) into a float tile
+//      [keys][dp] on the stack, dp = head_dim rounded up to 16 with zeros:
+//      each key is dequantised once and stays in L1 while every query head
+//      of its GQA group reads it; f32 and bf16 keys are read in place;
+//   2. logits for blocks of (query heads x keys) in registers (AVX-512 and
+//      head_dim % 16 == 0: 4 x 4 blocks, 16 accumulators, the next block's
+//      keys prefetched; otherwise 4 x 2, 2 x 4 or 1 x 8), folded into the
+//      dot products by kernels/fold_lanes.h's shuffle tree (no horizontal
+//      sum per dot product), into scratch [query_heads][n];
 // then per query head the max, exp (fast_exp.h's polynomial, vectorised)
 // and the denominator in one pass, and the probabilities added into out,
 // heads in order. Stack: 48 KiB (key tile and padded query rows).
@@ -21,10 +26,11 @@
 // + 1) and multiplies by 1 / sqrt(head_dim); exp is ExpNonPositive. The
 // keys are bit-identical to kernels/quantize.h's WidenHead (and so to the
 // CUDA kernel's). Results are deterministic on one machine; across machines
-// the clone chosen (AVX-512, AVX2+FMA or baseline x86-64, GCC's function
-// multi-versioning as in services/lm/model_ops.cc) may contract a multiply
-// and an add into an FMA and change last bits, well inside the tolerances
-// attention_kernels_test and the GPU test state.
+// the path chosen (AVX-512 intrinsics, or GCC's function multi-versioning
+// clones for AVX-512, AVX2+FMA or baseline x86-64, as in
+// services/lm/model_ops.cc) may contract a multiply and an add into an FMA
+// and change last bits, well inside the tolerances attention_kernels_test
+// and the GPU test state.
 #include <algorithm>
 #include <bit>
 #include <cmath>
