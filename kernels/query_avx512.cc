@@ -49,22 +49,6 @@ bool Avx512Widens(const PageLayout& layout) {
 
 namespace {
 
-// Groups a head holds at most: head_dim <= 1024 and group_size >= 32.
-constexpr int32_t kMaxHeadGroups = 32;
-
-// out[j] = binary16 scale j of the n at `scales` (little-endian), exactly
-// (vcvtph2ps converts subnormals exactly); n <= kMaxHeadGroups. Masked loads:
-// nothing past the n scales is read.
-[[gnu::always_inline]] inline void LoadScales(const uint8_t* scales, int32_t n,
-                                              float out[kMaxHeadGroups]) {
-  for (int32_t j = 0; j < n; j += 16) {
-    const int32_t left = std::min(16, n - j);
-    const __mmask16 m = static_cast<__mmask16>((1u << left) - 1);
-    const __m256i h = _mm256_maskz_loadu_epi16(m, scales + 2 * j);
-    _mm512_storeu_ps(out + j, _mm512_cvtph_ps(h));
-  }
-}
-
 // float(code - zero) * scale for 16 codes in 32-bit lanes (DequantGroup's
 // operations, in its order).
 [[gnu::always_inline]] inline void StoreDequant(__m512i codes, __m512i zero,
@@ -109,10 +93,25 @@ template <DType kType>
                                                   const uint8_t* rec,
                                                   float* dst) {
   const int32_t gs = geo.group_size;
-  alignas(64) float scale[kMaxHeadGroups];
-  LoadScales(rec + geo.scales_at, geo.groups, scale);
   const uint8_t* codes = rec + geo.codes_at;
+  // Up to 16 groups' scales (and zero points) in one register each, a
+  // group's broadcast by a permute: read back from a stack array, each
+  // scalar load waited on the 64-byte store before it (no forwarding).
+  __m512 scales = _mm512_setzero_ps();
+  __m512i zeros = _mm512_setzero_si512();
   for (int32_t j = 0; j < geo.groups; ++j) {
+    if (j % 16 == 0) {
+      const int32_t left = std::min(16, geo.groups - j);
+      const __mmask16 m = static_cast<__mmask16>((1u << left) - 1);
+      scales = _mm512_cvtph_ps(
+          _mm256_maskz_loadu_epi16(m, rec + geo.scales_at + 2 * j));
+      if constexpr (kType != DType::kFp8E4M3) {
+        zeros = _mm512_cvtepu8_epi32(
+            _mm_maskz_loadu_epi8(m, rec + geo.zeros_at + j));
+      }
+    }
+    const __m512i lane = _mm512_set1_epi32(j % 16);
+    const __m512 scale = _mm512_permutexvar_ps(lane, scales);
     float* out = dst + j * gs;
     if constexpr (kType == DType::kFp8E4M3) {
       // Code s.eeee.mmm as binary16 bits s.0eeee.mmm0000000 (sign-extend,
@@ -120,7 +119,7 @@ template <DType kType>
       // included); 2^8 goes into the scale, which is exact too (a power of
       // two). 0x7f / 0xff (E4M3's NaN) become binary16's quiet NaN, which
       // widens to the twin's 0x7fc00000 with the code's sign.
-      const __m512 s = _mm512_set1_ps(scale[j] * 256.0f);
+      const __m512 s = _mm512_mul_ps(scale, _mm512_set1_ps(256.0f));
       const __m128i low7 = _mm_set1_epi8(0x7f);
       const __m256i sign = _mm256_set1_epi16(static_cast<int16_t>(0x8000));
       const __m256i keep = _mm256_set1_epi16(static_cast<int16_t>(0xbfff));
@@ -137,8 +136,8 @@ template <DType kType>
         _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_cvtph_ps(w), s));
       }
     } else {
-      const __m512 s = _mm512_set1_ps(scale[j]);
-      const __m512i z = _mm512_set1_epi32(rec[geo.zeros_at + j]);
+      const __m512 s = scale;
+      const __m512i z = _mm512_permutexvar_epi32(lane, zeros);
       if constexpr (kType == DType::kInt8) {
         for (int32_t i = 0; i < gs; i += 16) {
           const __m128i b = _mm_loadu_si128(
