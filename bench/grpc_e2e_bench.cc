@@ -668,14 +668,18 @@ void PrintQueryScoring(const std::vector<Row>& rows) {
           "the process's CPU (clients + server); mm = float q[32x128] x "
           "K^T[128 x resident] (2*32*128*resident flops), timed after the "
           "runs per thread-CPU second on 1 thread: omp = omp-simd dot "
-          "products, blas = OpenBLAS cblas_sgemm; mm GF/s = omp on %d "
-          "threads per wall second; e2e/blas: target (issue 21) >= 0.8; "
-          "OpenBLAS core: %s\n",
-          hw, bench::OpenBlasCore());
-      std::printf("%8s %8s %12s %13s %13s %13s %13s %8s %9s\n", "sessions",
-                  "resident", "e2e GFLOP/s", "e2e GF/cpu-s", "omp GF/cpu-s",
-                  "blas GF/cpu-s", absl::StrCat("mm GF/s ", hw, "thr").c_str(),
-                  "e2e/omp", "e2e/blas");
+          "products, blas = OpenBLAS cblas_sgemm (M = 32 on one key matrix: "
+          "an easier shape than the store's); mm GF/s = omp on %d threads "
+          "per wall second; gqa = the same flops on the store's shapes, "
+          "cblas_sgemm per layer and kv head q[%d x 128] x K_head^T over 32 "
+          "layers x %d kv heads of f32 keys (bench/matmul_rate.h); "
+          "e2e/gqa: target (issue 21) >= 0.8; OpenBLAS core: %s\n",
+          hw, kQueryHeads / kKvHeads, kKvHeads, bench::OpenBlasCore());
+      std::printf("%8s %8s %12s %13s %13s %13s %13s %8s %9s %13s %8s\n",
+                  "sessions", "resident", "e2e GFLOP/s", "e2e GF/cpu-s",
+                  "omp GF/cpu-s", "blas GF/cpu-s",
+                  absl::StrCat("mm GF/s ", hw, "thr").c_str(), "e2e/omp",
+                  "e2e/blas", "gqa GF/cpu-s", "e2e/gqa");
       header = true;
     }
     const double step_flops = QueryStepFlops(r.store.mean_resident());
@@ -691,11 +695,15 @@ void PrintQueryScoring(const std::vector<Row>& rows) {
                                           kHeadDim, resident, 1, 1.0);
     const bench::MatmulRate all = Matmul(MatmulKernel::kOmpSimd, kQueryHeads,
                                          kHeadDim, resident, hw, 1.0);
-    std::printf("%8d %8lld %12.2f %13.2f %13.2f %13.2f %13.2f %8.2f %9.2f\n",
-                r.config.sessions, static_cast<long long>(resident), e2e,
-                e2e_cpu, omp.gflop_per_cpu_s, blas.gflop_per_cpu_s,
-                all.gflop_per_s, e2e_cpu / omp.gflop_per_cpu_s,
-                e2e_cpu / blas.gflop_per_cpu_s);
+    const double gqa = bench::SgemmGqaGflopPerCpuS(
+        kLayers, kKvHeads, kQueryHeads / kKvHeads, kHeadDim, resident, 1.0);
+    std::printf(
+        "%8d %8lld %12.2f %13.2f %13.2f %13.2f %13.2f %8.2f %9.2f %13.2f "
+        "%8.2f\n",
+        r.config.sessions, static_cast<long long>(resident), e2e, e2e_cpu,
+        omp.gflop_per_cpu_s, blas.gflop_per_cpu_s, all.gflop_per_s,
+        e2e_cpu / omp.gflop_per_cpu_s, e2e_cpu / blas.gflop_per_cpu_s, gqa,
+        e2e_cpu / gqa);
   }
 }
 

@@ -99,6 +99,34 @@ MatmulRate Matmul(MatmulKernel kernel, int32_t rows, int32_t depth,
       flops * static_cast<double>(products.load()) / elapsed / 1e9};
 }
 
+double SgemmGqaGflopPerCpuS(int32_t layers, int32_t kv_heads, int32_t group,
+                            int32_t depth, int64_t resident, double seconds) {
+  openblas_set_num_threads(1);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  const int64_t heads = int64_t{layers} * kv_heads;
+  std::vector<float> q(heads * group * depth);
+  std::vector<float> k(heads * resident * depth);
+  std::vector<float> out(group * resident);
+  for (float& x : q) x = normal(rng);
+  for (float& x : k) x = normal(rng);
+  const int n = static_cast<int>(resident);
+  const double cpu0 = ThreadCpuSeconds();
+  int64_t steps = 0;
+  do {
+    for (int64_t h = 0; h < heads; ++h) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, group, n, depth,
+                  1.0f, q.data() + h * group * depth, depth,
+                  k.data() + h * resident * depth, depth, 0.0f, out.data(), n);
+    }
+    ++steps;
+  } while (ThreadCpuSeconds() - cpu0 < seconds);
+  volatile float sink = out[steps % out.size()];
+  (void)sink;
+  const double flops = 2.0 * heads * group * depth * resident;
+  return flops * static_cast<double>(steps) / (ThreadCpuSeconds() - cpu0) / 1e9;
+}
+
 const char* OpenBlasCore() { return openblas_get_corename(); }
 
 }  // namespace kvkeep::bench

@@ -22,6 +22,16 @@ struct MatmulRate {
 MatmulRate Matmul(MatmulKernel kernel, int32_t rows, int32_t depth,
                   int64_t resident, int threads, double seconds);
 
+// The same flops on the store's own shapes (what query scoring computes
+// under GQA): per layer and kv head, one OpenBLAS cblas_sgemm of
+// q [group x depth] x K^T [depth x resident] over that head's f32 keys, laid
+// out as sgemm reads them best ([layers][kv_heads][resident][depth], every
+// layer its own keys, as a decode step reads every layer's). One thread;
+// GFLOP (2 * layers * kv_heads * group * depth * resident per step) per
+// second of its CPU time, over `seconds`.
+double SgemmGqaGflopPerCpuS(int32_t layers, int32_t kv_heads, int32_t group,
+                            int32_t depth, int64_t resident, double seconds);
+
 // The kernel set OpenBLAS chose for this CPU (openblas_get_corename). On a
 // CPU it does not know it falls back to old ones (Debian's 0.3.21 picks
 // "Prescott", SSE3, on the Xeon these numbers were measured on; setting

@@ -4,8 +4,9 @@
 //
 // 32 query heads, 8 kv heads (GQA group 4), head_dim 128, pages of 16 tokens,
 // keys stored as f32, f16, bf16, or quantised (int8, fp8_e4m3, int4: groups
-// of 32, appended as bf16; the kernel dequantises as it reads); 1k, 8k and
-// 32k resident tokens; one query row (a decode step).
+// of 32, appended as bf16; kivi_int4: a page's keys one block quantised per
+// channel, its sessions on h2o_page; the kernel dequantises as it reads);
+// 256, 1k, 8k and 32k resident tokens; one query row (a decode step).
 //   session/<dtype>/<resident>: Session::UpdateScores with
 //     ScoreSource::kQueries through the CacheStore (input checks, the kernel,
 //     then h2o's Observe; the session sits exactly at its budget, so nothing
@@ -54,6 +55,7 @@
 #include "benchmark/benchmark.h"
 #include "cache_store/cache_store.h"
 #include "kernels/attention.h"
+#include "kernels/kivi.h"
 #include "kernels/quantize.h"
 
 namespace kvkeep {
@@ -132,7 +134,8 @@ absl::Status Build(Fixture& f) {
   f.store = *std::move(store);
   SessionSpec spec;
   spec.layout = layout.name;
-  spec.policy = PolicySpec{"h2o", {}};
+  // kivi_int4 sessions take full and h2o_page only (docs/quantization.md).
+  spec.policy = PolicySpec{IsKivi(f.dtype) ? "h2o_page" : "h2o", {}};
   spec.budget.tokens = f.resident;
   absl::StatusOr<SessionId> id = f.store->CreateSession(spec);
   if (!id.ok()) return id.status();
@@ -161,7 +164,24 @@ absl::Status Build(Fixture& f) {
     for (int64_t i = 0; i < n * token_elems; ++i) {
       StoreFromFloat(in_dtype, chunk.data(), i, rng.Next());
     }
-    if (IsQuantized(f.dtype)) {
+    if (IsKivi(f.dtype)) {
+      // A page's keys are one block, quantised per channel over its tokens
+      // (kernels/kivi.h) from their float32 values; chunks hold whole pages.
+      std::vector<float> keys(kPageTokens * token_elems);
+      for (int64_t p0 = 0; p0 < n; p0 += kPageTokens) {
+        const int32_t in_page =
+            static_cast<int32_t>(std::min<int64_t>(kPageTokens, n - p0));
+        for (int64_t i = 0; i < in_page * token_elems; ++i) {
+          keys[i] = LoadAsFloat(in_dtype, chunk.data(), p0 * token_elems + i);
+        }
+        const PageId page = f.pages[(first + p0) / kPageTokens];
+        if (!QuantizeKiviKeys(page_layout, keys.data(), in_page,
+                              f.pool->data() + page * page_layout.page_bytes())
+                 .ok()) {
+          return absl::InternalError("keys the format cannot hold");
+        }
+      }
+    } else if (IsQuantized(f.dtype)) {
       if (!QuantizeTokens(page_layout, in_dtype, chunk.data(), n,
                           records.data())
                .ok()) {
@@ -171,7 +191,7 @@ absl::Status Build(Fixture& f) {
       std::copy_n(chunk.data(), n * token_bytes, records.data());
     }
     // The same keys into the kernel's pool, slot by slot.
-    for (int64_t i = 0; i < n; ++i) {
+    for (int64_t i = 0; i < n && !IsKivi(f.dtype); ++i) {
       const int64_t slot = first + i;
       std::copy_n(
           records.data() + i * token_bytes, token_bytes,
@@ -347,8 +367,9 @@ class CollectingReporter : public benchmark::ConsoleReporter {
   std::map<std::string, std::vector<double>> cpu_s_;
 };
 
-constexpr DType kDTypes[] = {DType::kF32,  DType::kF16,     DType::kBF16,
-                             DType::kInt8, DType::kFp8E4M3, DType::kInt4};
+constexpr DType kDTypes[] = {DType::kF32,     DType::kF16,     DType::kBF16,
+                             DType::kInt8,    DType::kFp8E4M3, DType::kInt4,
+                             DType::kKiviInt4};
 constexpr int64_t kResidents[] = {256, 1024, 8192, 32768};
 
 void PrintRatios(const CollectingReporter& r) {

@@ -1,17 +1,22 @@
 // QueryAttention (kernels/attention.h): the CPU twin of the query-scoring
-// kernel, blocked for the cache and written in GCC vector extensions.
+// kernel, blocked for the cache and written in GCC vector extensions, with
+// its key loads and dot products in AVX-512 intrinsics on CPUs that have
+// them (kernels/query_avx512.h, chosen at run time).
 //
 // Per row, over tiles of resident slots (32 at head_dim 128; the next
 // tile's token records are prefetched while one is scored), and inside a
 // tile per kv head g:
-//   1. the tile's keys of head g are widened (f32 copied, f16/bf16
-//      converted, int8/int4 dequantised with their group scales, fp8 through
-//      WidenHead) into a float tile [keys][dp] on the stack, dp = head_dim
-//      rounded up to 16 with zeros: each key is dequantised once and stays
-//      in L1 while every query head of its GQA group reads it;
-//   2. logits for blocks of (query heads x keys), 8 accumulators of 16
-//      lanes in registers, folded into the 8 dot products by a shuffle tree
-//      (no horizontal sum per dot product), into scratch [query_heads][n];
+//   1. the tile's keys of head g are widened (f16/bf16 converted,
+//      int8/int4/fp8/kivi_int4 dequantised with their scales; AVX-512:
+//      query_avx512.cc, otherwise WidenKey / WidenHead) into a float tile
+//      [keys][dp] on the stack, dp = head_dim rounded up to 16 with zeros:
+//      each key is dequantised once and stays in L1 while every query head
+//      of its GQA group reads it; f32 and bf16 keys are read in place;
+//   2. logits for blocks of (query heads x keys) in registers (AVX-512 and
+//      head_dim % 16 == 0: 4 x 4 blocks, 16 accumulators, the next block's
+//      keys prefetched; otherwise 4 x 2, 2 x 4 or 1 x 8), folded into the
+//      dot products by kernels/fold_lanes.h's shuffle tree (no horizontal
+//      sum per dot product), into scratch [query_heads][n];
 // then per query head the max, exp (fast_exp.h's polynomial, vectorised)
 // and the denominator in one pass, and the probabilities added into out,
 // heads in order. Stack: 48 KiB (key tile and padded query rows).
@@ -21,10 +26,11 @@
 // + 1) and multiplies by 1 / sqrt(head_dim); exp is ExpNonPositive. The
 // keys are bit-identical to kernels/quantize.h's WidenHead (and so to the
 // CUDA kernel's). Results are deterministic on one machine; across machines
-// the clone chosen (AVX-512, AVX2+FMA or baseline x86-64, GCC's function
-// multi-versioning as in services/lm/model_ops.cc) may contract a multiply
-// and an add into an FMA and change last bits, well inside the tolerances
-// attention_kernels_test and the GPU test state.
+// the path chosen (AVX-512 intrinsics, or GCC's function multi-versioning
+// clones for AVX-512, AVX2+FMA or baseline x86-64, as in
+// services/lm/model_ops.cc) may contract a multiply and an add into an FMA
+// and change last bits, well inside the tolerances attention_kernels_test
+// and the GPU test state.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -33,8 +39,10 @@
 
 #include "kernels/attention.h"
 #include "kernels/fast_exp.h"
+#include "kernels/fold_lanes.h"
 #include "kernels/kivi.h"
 #include "kernels/quantize.h"
+#include "kernels/query_avx512.h"
 
 namespace kvkeep {
 namespace {
@@ -46,11 +54,10 @@ namespace {
 #define KVKEEP_QA_CLONES
 #endif
 
-constexpr int kLanes = 16;
-using Vec = float __attribute__((vector_size(kLanes * sizeof(float))));
-// Accumulators per register block: (heads x keys) = (4 x 2), (2 x 4) or
-// (1 x 8); 8 independent FMA chains hide the FMA latency.
-constexpr int kBlock = 8;
+using query_dots::kBlock;
+using query_dots::kLanes;
+using query_dots::LoadVec;
+using query_dots::Vec;
 // The stack tile: up to 64 keys, at least kBlock keys at head_dim 1024.
 constexpr int kTileFloats = 8192;
 constexpr int kMaxTileKeys = 64;
@@ -58,42 +65,6 @@ constexpr int kMaxTileKeys = 64;
 constexpr int kQueryFloats = 4096;
 // What padding keys read in place of a record: head_dim <= 1024 f32.
 alignas(64) constexpr float kZeroKey[1024] = {};
-
-// By pointer: a 64-byte vector passed or returned by value would change the
-// ABI of the baseline clone (-Wpsabi).
-[[gnu::always_inline]] inline void LoadVec(Vec* v, const float* p) {
-  __builtin_memcpy(v, p, sizeof(*v));
-}
-
-// out[m] = sum of the lanes of a[m], m < 8, folded as the file comment says.
-[[gnu::always_inline]] inline void FoldLanes(const Vec a[kBlock],
-                                             float out[kBlock]) {
-  Vec c[4], e[2];
-#pragma GCC unroll 4
-  for (int p = 0; p < 4; ++p) {  // lanes 0-7: a[2p] halves, 8-15: a[2p+1]
-    c[p] = __builtin_shufflevector(a[2 * p], a[2 * p + 1], 0, 1, 2, 3, 4, 5, 6,
-                                   7, 16, 17, 18, 19, 20, 21, 22, 23) +
-           __builtin_shufflevector(a[2 * p], a[2 * p + 1], 8, 9, 10, 11, 12, 13,
-                                   14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-  }
-#pragma GCC unroll 2
-  for (int p = 0; p < 2; ++p) {  // 4 lanes each of a[4p] .. a[4p+3]
-    e[p] = __builtin_shufflevector(c[2 * p], c[2 * p + 1], 0, 1, 2, 3, 8, 9, 10,
-                                   11, 16, 17, 18, 19, 24, 25, 26, 27) +
-           __builtin_shufflevector(c[2 * p], c[2 * p + 1], 4, 5, 6, 7, 12, 13,
-                                   14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-  }
-  // 2 lanes each of a[0] .. a[7].
-  const Vec f = __builtin_shufflevector(e[0], e[1], 0, 1, 4, 5, 8, 9, 12, 13,
-                                        16, 17, 20, 21, 24, 25, 28, 29) +
-                __builtin_shufflevector(e[0], e[1], 2, 3, 6, 7, 10, 11, 14, 15,
-                                        18, 19, 22, 23, 26, 27, 30, 31);
-  const Vec g = __builtin_shufflevector(f, f, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3,
-                                        5, 7, 9, 11, 13, 15) +
-                __builtin_shufflevector(f, f, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2,
-                                        4, 6, 8, 10, 12, 14);
-  for (int m = 0; m < kBlock; ++m) out[m] = g[m];
-}
 
 // Where a register block reads its keys, 16 elements at a time: the widened
 // tile...
@@ -154,7 +125,7 @@ template <int kHeads, class Keys>
       for (int t = 0; t < kKeys; ++t) acc[j * kKeys + t] += qj * k[t];
     }
   }
-  FoldLanes(acc, dots);
+  query_dots::FoldLanes(acc, dots);
 }
 
 // Unscaled logits (dot products; AddSoftmax scales them, -inf for slots the
@@ -353,13 +324,18 @@ struct RowArgs {
                                             const std::byte* arena,
                                             const std::byte* const* records,
                                             int32_t count, int32_t g,
-                                            int32_t dp, float* tile) {
-  for (int32_t t = 0; t < count; ++t) {
-    float* dst = tile + int64_t{t} * dp;
-    if (records[t] == nullptr) {
-      std::fill(dst, dst + dp, 0.0f);
-    } else {
-      WidenKey(lay, arena, records[t], g, dp, dst);
+                                            int32_t dp, bool avx512,
+                                            float* tile) {
+  if (avx512) {
+    WidenTileAvx512(lay, arena, records, count, g, dp, tile);
+  } else {
+    for (int32_t t = 0; t < count; ++t) {
+      float* dst = tile + int64_t{t} * dp;
+      if (records[t] == nullptr) {
+        std::fill(dst, dst + dp, 0.0f);
+      } else {
+        WidenKey(lay, arena, records[t], g, dp, dst);
+      }
     }
   }
   const int32_t padded = (count + kBlock - 1) / kBlock * kBlock;
@@ -408,6 +384,40 @@ template <class Keys>
   }
 }
 
+// key[t] = the kv head's part (at `offset` bytes) of records[t] for t <
+// count, kZeroKey for a null record and for the padding up to the next
+// register block.
+[[gnu::always_inline]] inline void HeadKeys(const std::byte* const* records,
+                                            int32_t count, int64_t offset,
+                                            const std::byte** key) {
+  const int32_t padded = (count + kBlock - 1) / kBlock * kBlock;
+  for (int32_t t = 0; t < padded; ++t) {
+    key[t] = t < count && records[t] != nullptr
+                 ? records[t] + offset
+                 : reinterpret_cast<const std::byte*>(kZeroKey);
+  }
+}
+
+// ScoreGroup through kernels/query_avx512.h's register blocks (head_dim a
+// multiple of 16, so the query rows need no padding).
+[[gnu::always_inline]] inline void ScoreGroupAvx512(const RowArgs& a, int32_t g,
+                                                    const KeyRows& keys,
+                                                    const bool* visible,
+                                                    int32_t count,
+                                                    float* logits, int64_t s0) {
+  const int32_t d = a.keys->layout.head_dim;
+  const int64_t n = a.keys->slots;
+  const int64_t h = int64_t{g} * a.group;
+  float* dots = logits + h * n + s0;
+  DotsAvx512(a.q_row + h * d, a.group, d, keys, count, dots, n);
+  for (int32_t t = 0; t < count; ++t) {
+    if (visible[t]) continue;
+    for (int32_t j = 0; j < a.group; ++j) {
+      dots[j * n + t] = -std::numeric_limits<float>::infinity();
+    }
+  }
+}
+
 // logits [query_heads][n] for one row. Tiles of slots outside, kv heads
 // inside: a tile's token records (all heads) are read from memory once, in
 // slot order, and stay in cache while each kv head's part is widened.
@@ -431,6 +441,12 @@ template <class Keys>
   // faster without the prefetch instructions (7% of the time at 256 bf16
   // tokens); larger sets come from memory, where they pay.
   const bool prefetch = n * lay.token_bytes() > (int64_t{1} << 20);
+  // int8 / int4 / fp8 / f16 keys widened with AVX-512 intrinsics where the
+  // CPU has them (kernels/query_avx512.h: the same floats).
+  const bool avx512 = Avx512Widens(lay);
+  // Dot products in AVX-512 register blocks (4 query heads x 4 keys) for
+  // every dtype when the rows need no padding.
+  const bool avx512_dots = d == dp && CpuHasAvx512();
   bool visible[kMaxTileKeys];
   TileRecords(a, 0, static_cast<int32_t>(std::min<int64_t>(tile_keys, n)),
               records[0]);
@@ -448,14 +464,17 @@ template <class Keys>
     }
     for (int32_t t = 0; t < count; ++t) visible[t] = now[t] != nullptr;
     for (int32_t g = 0; g < lay.kv_heads; ++g) {
-      if (direct) {
-        const int32_t padded = (count + kBlock - 1) / kBlock * kBlock;
-        const int64_t offset = int64_t{g} * d * DTypeBytes(lay.dtype);
-        for (int32_t t = 0; t < padded; ++t) {
-          head_key[t] = t < count && now[t] != nullptr
-                            ? now[t] + offset
-                            : reinterpret_cast<const std::byte*>(kZeroKey);
+      if (avx512_dots) {
+        KeyRows rows{lay.dtype, head_key, key_tile};
+        if (direct) {
+          HeadKeys(now, count, int64_t{g} * d * DTypeBytes(lay.dtype),
+                   head_key);
+        } else {
+          LoadTile(lay, a.keys->arena, now, count, g, dp, avx512, key_tile);
         }
+        ScoreGroupAvx512(a, g, rows, visible, count, logits, s0);
+      } else if (direct) {
+        HeadKeys(now, count, int64_t{g} * d * DTypeBytes(lay.dtype), head_key);
         if (lay.dtype == DType::kF32) {
           ScoreGroup(a, g, RecordKeys<DType::kF32>{head_key}, visible, count,
                      dp, q_pad, logits, s0);
@@ -464,7 +483,7 @@ template <class Keys>
                      dp, q_pad, logits, s0);
         }
       } else {
-        LoadTile(lay, a.keys->arena, now, count, g, dp, key_tile);
+        LoadTile(lay, a.keys->arena, now, count, g, dp, avx512, key_tile);
         ScoreGroup(a, g, TileKeys{key_tile, dp}, visible, count, dp, q_pad,
                    logits, s0);
       }
@@ -474,27 +493,52 @@ template <class Keys>
 
 // out_row[s] += softmax over s of logits[j], for each of `group` heads in
 // order; a head with no visible slot adds nothing. Overwrites the logits
-// with exp(logit - max).
+// with exp(logit - max). Whole chunks of 16 slots with 16 running maxima and
+// sums, then the tail: loops over the whole row made GCC peel scalar
+// iterations until a row (not 64-byte aligned) was, which cost more than the
+// vector part at 256 slots. The denominator sums lane k's slots (s % 16 ==
+// k) in slot order, then lanes 0..15 and the tail in order.
 [[gnu::always_inline]] inline void AddSoftmax(float* logits, int32_t group,
                                               int64_t n, float scale,
                                               float* out_row) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const int64_t whole = n / kLanes * kLanes;
   for (int32_t j = 0; j < group; ++j) {
     float* l = logits + j * n;
-    float mx = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : mx)
-    for (int64_t s = 0; s < n; ++s) mx = l[s] > mx ? l[s] : mx;
-    if (mx == -std::numeric_limits<float>::infinity()) continue;
+    float lane[kLanes];
+    std::fill_n(lane, kLanes, kNegInf);
+    for (int64_t s = 0; s < whole; s += kLanes) {
+#pragma omp simd
+      for (int k = 0; k < kLanes; ++k) {
+        lane[k] = l[s + k] > lane[k] ? l[s + k] : lane[k];
+      }
+    }
+    float mx = kNegInf;
+    for (int k = 0; k < kLanes; ++k) mx = lane[k] > mx ? lane[k] : mx;
+    for (int64_t s = whole; s < n; ++s) mx = l[s] > mx ? l[s] : mx;
+    if (mx == kNegInf) continue;
+    // The logits are unscaled dot products: scale > 0 keeps the max.
+    std::fill_n(lane, kLanes, 0.0f);
+    for (int64_t s = 0; s < whole; s += kLanes) {
+#pragma omp simd
+      for (int k = 0; k < kLanes; ++k) {
+        const float e = ExpNonPositive((l[s + k] - mx) * scale);  // masked: 0
+        l[s + k] = e;
+        lane[k] += e;
+      }
+    }
     float denom = 0.0f;
-#pragma omp simd reduction(+ : denom)
-    for (int64_t s = 0; s < n; ++s) {
-      // The logits are unscaled dot products: scale > 0 keeps the max.
-      const float e = ExpNonPositive((l[s] - mx) * scale);  // masked: 0
-      l[s] = e;
-      denom += e;
+    for (int k = 0; k < kLanes; ++k) denom += lane[k];
+    for (int64_t s = whole; s < n; ++s) {
+      l[s] = ExpNonPositive((l[s] - mx) * scale);
+      denom += l[s];
     }
     const float inv = 1.0f / denom;
+    for (int64_t s = 0; s < whole; s += kLanes) {
 #pragma omp simd
-    for (int64_t s = 0; s < n; ++s) out_row[s] += l[s] * inv;
+      for (int k = 0; k < kLanes; ++k) out_row[s + k] += l[s + k] * inv;
+    }
+    for (int64_t s = whole; s < n; ++s) out_row[s] += l[s] * inv;
   }
 }
 

@@ -1,0 +1,389 @@
+#include "kernels/query_avx512.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/fold_lanes.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// GCC 12 reports the _mm512_undefined_* operands inside its own intrinsics
+// as maybe-uninitialized (GCC bug 105593).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#define KVKEEP_WIDEN_AVX512 1
+#else
+#define KVKEEP_WIDEN_AVX512 0
+#endif
+
+namespace kvkeep {
+
+#if KVKEEP_WIDEN_AVX512
+
+bool CpuHasAvx512() {
+  static const bool has =
+      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  return has;
+}
+
+bool Avx512Widens(const PageLayout& layout) {
+  if (!CpuHasAvx512()) return false;
+  switch (layout.dtype) {
+    case DType::kF16:
+      return layout.head_dim % 16 == 0;
+    case DType::kInt8:
+    case DType::kInt4:
+    case DType::kFp8E4M3:
+      return layout.group_size > 0 && layout.group_size % 32 == 0;
+    case DType::kKiviInt4:
+      return layout.head_dim % 32 == 0;
+    default:
+      return false;
+  }
+}
+
+// Everything below is compiled for AVX-512 whatever the build's -march; the
+// callers above it checked the CPU.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")
+
+namespace {
+
+// float(code - zero) * scale for 16 codes in 32-bit lanes (DequantGroup's
+// operations, in its order).
+[[gnu::always_inline]] inline void StoreDequant(__m512i codes, __m512i zero,
+                                                __m512 scale, float* dst) {
+  const __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(codes, zero));
+  _mm512_storeu_ps(dst, _mm512_mul_ps(v, scale));
+}
+
+// One token record's kv head `head` (head_dim floats) for each dtype.
+[[gnu::always_inline]] inline void WidenF16(const PageLayout& lay,
+                                            const uint8_t* rec, int32_t head,
+                                            float* dst) {
+  const auto* src =
+      reinterpret_cast<const uint16_t*>(rec) + int64_t{head} * lay.head_dim;
+  for (int32_t i = 0; i < lay.head_dim; i += 16) {
+    const __m256i h =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(h));
+  }
+}
+
+// Where kv head `head`'s parts lie in a quantised token record, computed
+// once per tile (the layout's offsets divide).
+struct HeadGeometry {
+  int64_t codes_at;   // byte of the head's first code
+  int64_t scales_at;  // byte of its first group's scale
+  int64_t zeros_at;   // byte of its first group's zero point
+  int32_t groups;     // groups in the head
+  int32_t group_size;
+};
+
+HeadGeometry GeometryOf(const PageLayout& lay, int32_t head) {
+  const int64_t first = int64_t{head} * lay.head_dim;
+  const int64_t g0 = first / lay.group_size;
+  return HeadGeometry{lay.dtype == DType::kInt4 ? first / 2 : first,
+                      lay.scales_offset() + 2 * g0, lay.zeros_offset() + g0,
+                      lay.head_dim / lay.group_size, lay.group_size};
+}
+
+template <DType kType>
+[[gnu::always_inline]] inline void WidenQuantized(const HeadGeometry& geo,
+                                                  const uint8_t* rec,
+                                                  float* dst) {
+  const int32_t gs = geo.group_size;
+  const uint8_t* codes = rec + geo.codes_at;
+  // Up to 16 groups' scales (and zero points) in one register each, a
+  // group's broadcast by a permute: read back from a stack array, each
+  // scalar load waited on the 64-byte store before it (no forwarding).
+  __m512 scales = _mm512_setzero_ps();
+  __m512i zeros = _mm512_setzero_si512();
+  for (int32_t j = 0; j < geo.groups; ++j) {
+    if (j % 16 == 0) {
+      const int32_t left = std::min(16, geo.groups - j);
+      const __mmask16 m = static_cast<__mmask16>((1u << left) - 1);
+      scales = _mm512_cvtph_ps(
+          _mm256_maskz_loadu_epi16(m, rec + geo.scales_at + 2 * j));
+      if constexpr (kType != DType::kFp8E4M3) {
+        zeros = _mm512_cvtepu8_epi32(
+            _mm_maskz_loadu_epi8(m, rec + geo.zeros_at + j));
+      }
+    }
+    const __m512i lane = _mm512_set1_epi32(j % 16);
+    const __m512 scale = _mm512_permutexvar_ps(lane, scales);
+    float* out = dst + j * gs;
+    if constexpr (kType == DType::kFp8E4M3) {
+      // Code s.eeee.mmm as binary16 bits s.0eeee.mmm0000000 (sign-extend,
+      // shift, clear bit 14): the E4M3 value / 2^8, exactly (subnormals
+      // included); 2^8 goes into the scale, which is exact too (a power of
+      // two). 0x7f / 0xff (E4M3's NaN) become binary16's quiet NaN, which
+      // widens to the twin's 0x7fc00000 with the code's sign.
+      const __m512 s = _mm512_mul_ps(scale, _mm512_set1_ps(256.0f));
+      const __m128i low7 = _mm_set1_epi8(0x7f);
+      const __m256i sign = _mm256_set1_epi16(static_cast<int16_t>(0x8000));
+      const __m256i keep = _mm256_set1_epi16(static_cast<int16_t>(0xbfff));
+      const __m256i qnan = _mm256_set1_epi16(0x7e00);
+      for (int32_t i = 0; i < gs; i += 16) {
+        const __m128i b = _mm_loadu_si128(
+            reinterpret_cast<const __m128i*>(codes + j * gs + i));
+        __m256i w = _mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7);
+        w = _mm256_and_si256(w, keep);
+        const __mmask16 nan = _mm_cmpeq_epi8_mask(_mm_and_si128(b, low7), low7);
+        // (w & sign) | qnan: truth table 0xea over (w, sign, qnan).
+        w = _mm256_mask_blend_epi16(
+            nan, w, _mm256_ternarylogic_epi32(w, sign, qnan, 0xea));
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_cvtph_ps(w), s));
+      }
+    } else {
+      const __m512 s = scale;
+      const __m512i z = _mm512_permutexvar_epi32(lane, zeros);
+      if constexpr (kType == DType::kInt8) {
+        for (int32_t i = 0; i < gs; i += 16) {
+          const __m128i b = _mm_loadu_si128(
+              reinterpret_cast<const __m128i*>(codes + j * gs + i));
+          StoreDequant(_mm512_cvtepu8_epi32(b), z, s, out + i);
+        }
+      } else {  // int4: element 2k in byte k's low nibble, 2k + 1 in its high
+        const __m128i nibble = _mm_set1_epi8(0x0f);
+        for (int32_t i = 0; i < gs; i += 32) {
+          const __m128i b = _mm_loadu_si128(
+              reinterpret_cast<const __m128i*>(codes + (j * gs + i) / 2));
+          const __m128i lo = _mm_and_si128(b, nibble);
+          const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), nibble);
+          StoreDequant(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)), z, s,
+                       out + i);
+          StoreDequant(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi)), z, s,
+                       out + i + 16);
+        }
+      }
+    }
+  }
+}
+
+// kivi_int4: `row` is slot's codes row in its page's key block (`block`);
+// key c reads (code(c) - zero(c)) * scale(c) with the page's per-channel
+// scales and zeros (kernels/kivi.h's KeyAt, the same operations).
+[[gnu::always_inline]] inline void WidenKivi(const PageLayout& lay,
+                                             const uint8_t* block,
+                                             const uint8_t* row, int32_t head,
+                                             float* dst) {
+  const int64_t first = int64_t{head} * lay.head_dim;
+  const uint8_t* scales = block + lay.key_scales_offset() + 2 * first;
+  const uint8_t* zeros = block + lay.key_zeros_offset() + first;
+  const uint8_t* codes = row + first / 2;
+  const __m128i nibble = _mm_set1_epi8(0x0f);
+  for (int32_t i = 0; i < lay.head_dim; i += 32) {
+    const __m128i b =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i / 2));
+    const __m128i lo = _mm_and_si128(b, nibble);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), nibble);
+    const __m128i part[2] = {_mm_unpacklo_epi8(lo, hi),
+                             _mm_unpackhi_epi8(lo, hi)};
+    for (int32_t h = 0; h < 2; ++h) {
+      const int32_t at = i + 16 * h;
+      const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(scales + 2 * at)));
+      const __m512i z = _mm512_cvtepu8_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(zeros + at)));
+      StoreDequant(_mm512_cvtepu8_epi32(part[h]), z, s, dst + at);
+    }
+  }
+}
+
+template <DType kType>
+void WidenRows(const PageLayout& lay, const std::byte* arena,
+               const std::byte* const* records, int32_t count, int32_t head,
+               int32_t dp, float* tile) {
+  const int32_t d = lay.head_dim;
+  HeadGeometry geo{};
+  if constexpr (kType != DType::kF16 && kType != DType::kKiviInt4) {
+    geo = GeometryOf(lay, head);
+  }
+  for (int32_t t = 0; t < count; ++t) {
+    float* dst = tile + int64_t{t} * dp;
+    const auto* rec = reinterpret_cast<const uint8_t*>(records[t]);
+    if (rec == nullptr) {
+      std::fill(dst, dst + dp, 0.0f);
+      continue;
+    }
+    if constexpr (kType == DType::kF16) {
+      WidenF16(lay, rec, head, dst);
+    } else if constexpr (kType == DType::kKiviInt4) {
+      const int64_t at = records[t] - arena;
+      const int64_t page = at / lay.page_bytes();
+      WidenKivi(
+          lay,
+          reinterpret_cast<const uint8_t*>(arena) + page * lay.page_bytes(),
+          rec, head, dst);
+    } else {
+      WidenQuantized<kType>(geo, rec, dst);
+    }
+    std::fill(dst + d, dst + dp, 0.0f);
+  }
+}
+
+using query_dots::FoldLanes;
+using query_dots::LoadVec;
+using query_dots::Vec;
+
+// Key loaders for the register blocks: 16 elements of key t from element i.
+struct TileLoad {
+  const float* tile;
+  int32_t dp;
+  void Prefetch(int32_t, int32_t) const {}  // written just now: in L1
+  [[gnu::always_inline]] Vec operator()(int32_t t, int32_t i) const {
+    Vec v;
+    LoadVec(&v, tile + int64_t{t} * dp + i);
+    return v;
+  }
+};
+
+struct F32Load {
+  const std::byte* const* rows;
+  [[gnu::always_inline]] void Prefetch(int32_t t, int32_t i) const {
+    _mm_prefetch(reinterpret_cast<const char*>(
+                     reinterpret_cast<const float*>(rows[t]) + i),
+                 _MM_HINT_T0);
+  }
+  [[gnu::always_inline]] Vec operator()(int32_t t, int32_t i) const {
+    Vec v;
+    LoadVec(&v, reinterpret_cast<const float*>(rows[t]) + i);
+    return v;
+  }
+};
+
+struct Bf16Load {  // the 16 bits become the high half of a float
+  const std::byte* const* rows;
+  [[gnu::always_inline]] void Prefetch(int32_t t, int32_t i) const {
+    if (i % 32 == 0) {  // one line holds 32 elements
+      _mm_prefetch(reinterpret_cast<const char*>(
+                       reinterpret_cast<const uint16_t*>(rows[t]) + i),
+                   _MM_HINT_T0);
+    }
+  }
+  [[gnu::always_inline]] Vec operator()(int32_t t, int32_t i) const {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+        reinterpret_cast<const uint16_t*>(rows[t]) + i));
+    return (Vec)_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
+  }
+};
+
+// out[j * kKeys + t] = q[j] . key(t0 + t) for kHeads rows of q [..][dp]:
+// kHeads * kKeys accumulators (8 or 16), each key vector loaded once for the
+// kHeads query heads, each query vector once for the kKeys keys.
+template <int kHeads, int kKeys, class Load>
+[[gnu::always_inline]] inline void Block(const float* q, int32_t dp,
+                                         const Load& load, int32_t t0,
+                                         bool next, float* out) {
+  constexpr int kAcc = kHeads * kKeys;
+  Vec acc[kAcc];
+#pragma GCC unroll 16
+  for (int m = 0; m < kAcc; ++m) acc[m] = Vec{};
+  for (int32_t i = 0; i < dp; i += 16) {
+    Vec k[kKeys];
+#pragma GCC unroll 8
+    for (int t = 0; t < kKeys; ++t) k[t] = load(t0 + t, i);
+    // The next block's keys, one line each, while this one computes: four
+    // or eight short streams 2-4 KiB apart, which the hardware prefetchers
+    // do not start on soon enough (L2 to L1 was the limit at 256 keys).
+    if (next) {
+#pragma GCC unroll 8
+      for (int t = 0; t < kKeys; ++t) load.Prefetch(t0 + kKeys + t, i);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < kHeads; ++j) {
+      Vec qj;
+      LoadVec(&qj, q + int64_t{j} * dp + i);
+#pragma GCC unroll 8
+      for (int t = 0; t < kKeys; ++t) acc[j * kKeys + t] += qj * k[t];
+    }
+  }
+#pragma GCC unroll 2
+  for (int m = 0; m < kAcc; m += query_dots::kBlock) {
+    FoldLanes(acc + m, out + m);
+  }
+}
+
+template <int kHeads, int kKeys, class Load>
+[[gnu::always_inline]] inline void BlockRows(const float* q, int32_t dp,
+                                             const Load& load, int32_t count,
+                                             float* dots, int64_t n) {
+  for (int32_t t0 = 0; t0 < count; t0 += kKeys) {
+    float out[kHeads * kKeys];
+    Block<kHeads, kKeys>(q, dp, load, t0, t0 + 2 * kKeys <= count, out);
+    const int32_t live = std::min(kKeys, count - t0);
+    for (int j = 0; j < kHeads; ++j) {
+      std::memcpy(dots + j * n + t0, out + j * kKeys, sizeof(float) * live);
+    }
+  }
+}
+
+template <class Load>
+void DotsWith(const float* q, int32_t heads, int32_t dp, const Load& load,
+              int32_t count, float* dots, int64_t n) {
+  int32_t j = 0;
+  for (; j + 4 <= heads; j += 4) {
+    BlockRows<4, 4>(q + int64_t{j} * dp, dp, load, count, dots + j * n, n);
+  }
+  for (; j + 2 <= heads; j += 2) {
+    BlockRows<2, 8>(q + int64_t{j} * dp, dp, load, count, dots + j * n, n);
+  }
+  for (; j < heads; ++j) {
+    BlockRows<1, 8>(q + int64_t{j} * dp, dp, load, count, dots + j * n, n);
+  }
+}
+
+}  // namespace
+
+void DotsAvx512(const float* q, int32_t heads, int32_t dp, const KeyRows& keys,
+                int32_t count, float* dots, int64_t n) {
+  switch (keys.kind) {
+    case DType::kF32:
+      return DotsWith(q, heads, dp, F32Load{keys.rows}, count, dots, n);
+    case DType::kBF16:
+      return DotsWith(q, heads, dp, Bf16Load{keys.rows}, count, dots, n);
+    default:
+      return DotsWith(q, heads, dp, TileLoad{keys.tile, dp}, count, dots, n);
+  }
+}
+
+void WidenTileAvx512(const PageLayout& layout, const std::byte* arena,
+                     const std::byte* const* records, int32_t count,
+                     int32_t head, int32_t dp, float* tile) {
+  switch (layout.dtype) {
+    case DType::kKiviInt4:
+      return WidenRows<DType::kKiviInt4>(layout, arena, records, count, head,
+                                         dp, tile);
+    case DType::kF16:
+      return WidenRows<DType::kF16>(layout, arena, records, count, head, dp,
+                                    tile);
+    case DType::kInt8:
+      return WidenRows<DType::kInt8>(layout, arena, records, count, head, dp,
+                                     tile);
+    case DType::kInt4:
+      return WidenRows<DType::kInt4>(layout, arena, records, count, head, dp,
+                                     tile);
+    case DType::kFp8E4M3:
+      return WidenRows<DType::kFp8E4M3>(layout, arena, records, count, head, dp,
+                                        tile);
+    default:
+      return;
+  }
+}
+
+#pragma GCC pop_options
+
+#else  // no AVX-512 code in this build
+
+bool CpuHasAvx512() { return false; }
+bool Avx512Widens(const PageLayout&) { return false; }
+void WidenTileAvx512(const PageLayout&, const std::byte*,
+                     const std::byte* const*, int32_t, int32_t, int32_t,
+                     float*) {}
+void DotsAvx512(const float*, int32_t, int32_t, const KeyRows&, int32_t, float*,
+                int64_t) {}
+
+#endif
+
+}  // namespace kvkeep
