@@ -1,6 +1,7 @@
 #include "kernels/query_avx512.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "kernels/fold_lanes.h"
@@ -20,9 +21,11 @@ namespace kvkeep {
 #if KVKEEP_WIDEN_AVX512
 
 bool CpuHasAvx512() {
-  static const bool has =
-      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  static const bool has = __builtin_cpu_supports("avx512f") &&
+                          __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512vl") &&
+                          std::getenv("KVKEEP_NO_AVX512") == nullptr;
   return has;
 }
 

@@ -17,7 +17,9 @@
 
 namespace kvkeep {
 
-// Whether this CPU runs AVX-512 F/BW/DQ/VL (checked once).
+// Whether this CPU runs AVX-512 F/BW/DQ/VL (checked once), and the
+// environment does not set KVKEEP_NO_AVX512: with it set, query scoring
+// takes the portable path (the tests run it that way too, as `portable.*`).
 bool CpuHasAvx512();
 
 // Whether WidenTileAvx512 handles this layout on this CPU: f16 with head_dim
