@@ -10,6 +10,11 @@
 #    again) gives the same perplexity to the last bit mapped and mirrored;
 #  - the KV bytes the store reports are the pages' (3936 bytes a page of 16
 #    tokens of SmolLM2-135M);
+#  - answers whose prompts begin alike fork the session where they part
+#    (kvkeep-lm answer --share_prefix, full and h2o_page): the forked lanes
+#    answer as lanes that stream their whole prompt (the same greedy tokens
+#    and resident bytes, log-probabilities within 1e-3, as lm_answer_test
+#    allows: the lanes' batches differ);
 #  - kivi_int4 is closer to f32 than per-token int4 at 0.375 bit more
 #    (measured 2026-12-02 on these 192 tokens, one sequence a run: f32
 #    23.680, int4 28.334 (+19.7%), kivi_int4 26.414 (+11.5%); h2o_page@64
@@ -51,6 +56,32 @@ echo "kivi $page: mapped $a, mirror $b"
 want=$((30 * 4 * (2112 + 16 * 114)))
 got="$(field "$page_out" "$page" resident_kv_bytes)"
 [ "$got" = "$want" ] || fail "$page holds $got bytes, expected $want"
+
+python3 "$here/../../bench/lm/make_tasks.py" --tasks=passkey --lengths=256 \
+  --depths=0.7 --keys=2 --seed=5 --out="$tmp/tasks.jsonl"
+for share in 1 0; do
+  "$bin/kvkeep-lm" answer --model="$model" --server="$KVKEEPD_ADDRESS" \
+    --layout=smollm2-135m-kivi --tasks="$tmp/tasks.jsonl" \
+    --runs="full $page" --parallel=2 --share_prefix=$share \
+    --out="$tmp/answers-$share.jsonl"
+done
+python3 - "$tmp/answers-1.jsonl" "$tmp/answers-0.jsonl" <<'PY' || fail "forks"
+import json, sys
+shared = [json.loads(l) for l in open(sys.argv[1])]
+alone = [json.loads(l) for l in open(sys.argv[2])]
+assert len(shared) == len(alone) == 4, (len(shared), len(alone))
+forked = 0
+for s, a in zip(shared, alone):
+    assert (s["id"], s["run"]) == (a["id"], a["run"]), (s, a)
+    forked += s["shared_prefix_tokens"] > 0
+    print(s["id"], s["run"], "shared", s["shared_prefix_tokens"], "log p",
+          round(s["answer_logprob"], 5), round(a["answer_logprob"], 5),
+          repr(s["generated"]), repr(a["generated"]))
+    assert abs(s.pop("answer_logprob") - a.pop("answer_logprob")) < 1e-3
+    s.pop("shared_prefix_tokens"), a.pop("shared_prefix_tokens")
+    assert s == a, (s, a)
+assert forked == 2, forked  # the second task's lane of each run
+PY
 
 f32="$(field "$(store --layout=smollm2-135m --runs=full)" full perplexity)"
 int4="$(field "$(store --layout=smollm2-135m-int4 --runs=full)" full perplexity)"
