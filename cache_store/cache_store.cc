@@ -206,7 +206,6 @@ absl::StatusOr<SessionId> CacheStore::ForkSession(SessionId parent,
   const SessionInfo& info = (*entry)->info;
   absl::StatusOr<const Pool*> pool = FindPool(info.layout);
   if (!pool.ok()) return pool.status();
-  if (absl::Status k = RefuseKivi((*pool)->layout, "Fork"); !k.ok()) return k;
   // Null and empty: the parent's own.
   PolicyPtr policy;
   std::vector<int64_t> budgets;

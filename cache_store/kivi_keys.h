@@ -60,10 +60,18 @@ class KiviKeys {
   }
   // The batch has run: the blocks it borrowed are released.
   void BatchDone();
+  // The batch copies page `from` to `to` before anything writes `to`
+  // (copy-on-write): until it has run, `to`'s keys are read from `from`.
+  void PageCopied(PageId from, PageId to, const std::byte* arena) {
+    pending_.emplace_back(to, arena + int64_t{from} * layout_.page_bytes());
+  }
+  // A fork's keys: `parent`'s staging (same layout and layers), so the
+  // child re-quantises its open pages as the parent would.
+  void CopyStaging(const KiviKeys& parent) { open_ = parent.open_; }
 
  private:
   // The block of `page` as the batch will leave it so far: its pending
-  // block, else the arena's.
+  // block (or the page it is copied from), else the arena's.
   const std::byte* BlockOf(PageId page, const std::byte* arena) const;
   // A block buffer that stays valid until BatchDone.
   std::byte* NewBlock(PageId page, StepBatch& batch);

@@ -227,6 +227,11 @@ void Session::Evict(Layer& layer, int64_t count, int64_t appended_view,
       if (index != last) MakeWritable(layer, index, change);
       last = index;
     }
+    // kivi_int4 also writes the new open page's key block (CopyBound's
+    // evict + page_tokens - 1 pages cover it).
+    if (kivi_ != nullptr && new_size % layout_.page_tokens != 0) {
+      MakeWritable(layer, new_size / layout_.page_tokens, change);
+    }
   }
   batch_.AddMoves(layer.pages, moves);
   if (kivi_ != nullptr) {

@@ -49,7 +49,8 @@ namespace kvkeep {
 absl::Status CheckKiviPolicy(const ModelLayout& layout,
                              absl::string_view policy);
 // FAILED_PRECONDITION naming `what` for a kivi_int4 layout: snapshots,
-// transfers, forks, prefixes and tiers do not carry its keys yet.
+// transfers, prefixes and tiers do not carry its keys yet (forks do:
+// Session::Fork copies the staging).
 absl::Status RefuseKivi(const ModelLayout& layout, absl::string_view what);
 
 class Session {

@@ -51,6 +51,9 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Fork(
     to.appended = from.appended;
     to.version = from.version;
   }
+  // kivi_int4: the open pages' staging goes with the shared pages, whose
+  // key blocks it quantised (the child's quota was charged its bound).
+  if (kivi_ != nullptr) child.kivi_->CopyStaging(*kivi_);
   child.last_position_ = last_position_;
   child.compressed_ = compressed_;
   child.may_share_ = true;
@@ -125,6 +128,9 @@ void Session::MakeWritable(Layer& layer, int64_t index, LayerChange& change) {
   const PageId own = spare_.back();
   spare_.pop_back();
   batch_.AddPageCopy(shared, own);
+  if (kivi_ != nullptr) {
+    kivi_->PageCopied(shared, own, pool_->memory().host_data());
+  }
   layer.pages[index] = own;
   // The copy reads it: let go once the batch has run.
   pending_free_.push_back(shared);

@@ -6,8 +6,8 @@
 // count the pages and the staging; NaN, infinities and keys too large are
 // refused with nothing changed; h2o_page keeps the sets a float layout keeps
 // for the same probabilities, its compaction re-quantising the pages the
-// moves write; the policies and operations the layout does not take are
-// refused, naming why.
+// moves write; a fork continues as its parent would; the policies and
+// operations the layout does not take are refused, naming why.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -317,6 +317,109 @@ TEST(KiviStoreTest, QueryScoringRunsOnKiviKeys) {
   EXPECT_LE(stats.resident_tokens, 2 * 12);
 }
 
+int64_t Copies(const StepResult& r) {
+  int64_t n = 0;
+  for (const LayerChange& c : r.layers) {
+    n += static_cast<int64_t>(c.pages_copied.size());
+  }
+  return n;
+}
+
+// Position `pos` appended to each of `ids`, in that order; the pages the
+// calls copied before writing added to *copied.
+void AppendAll(CacheStore& store, const std::vector<SessionId>& ids,
+               int64_t pos, int64_t* copied) {
+  for (SessionId id : ids) {
+    KV_ASSIGN_OR_FAIL(StepResult r, Append(store, id, kKivi, pos, 1));
+    *copied += Copies(r);
+  }
+}
+
+// The same attention rows (from `rng`) given to each of `ids`, in order.
+void ScoreAll(CacheStore& store, const std::vector<SessionId>& ids,
+              std::mt19937& rng, int64_t* copied) {
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+  std::vector<std::vector<float>> rows(2);
+  for (int32_t layer = 0; layer < 2; ++layer) {
+    KV_ASSIGN_OR_FAIL(BlockTable t, store.GetBlockTable(ids[0], layer));
+    for (size_t i = 0; i < t.positions.size(); ++i) {
+      rows[layer].push_back(uniform(rng) / t.positions.size());
+    }
+  }
+  for (SessionId id : ids) {
+    std::vector<LayerScores> in;
+    for (int32_t layer = 0; layer < 2; ++layer) {
+      KV_ASSIGN_OR_FAIL(BlockTable t, store.GetBlockTable(id, layer));
+      in.push_back(
+          LayerScores{layer, t.version, ScoreSource::kReduced, 1, rows[layer]});
+    }
+    KV_ASSIGN_OR_FAIL(StepResult r, store.UpdateScores(id, in));
+    *copied += Copies(r);
+  }
+}
+
+void ExpectSameKv(CacheStore& store, SessionId got_id, SessionId want_id) {
+  for (int32_t layer = 0; layer < 2; ++layer) {
+    KV_ASSIGN_OR_FAIL(LayerKvCopy want,
+                      store.ReadLayerAs(want_id, layer, DType::kF32));
+    KV_ASSIGN_OR_FAIL(LayerKvCopy got,
+                      store.ReadLayerAs(got_id, layer, DType::kF32));
+    ASSERT_EQ(got.positions, want.positions) << "layer " << layer;
+    ASSERT_EQ(got.keys, want.keys) << "layer " << layer;
+    ASSERT_EQ(got.values, want.values) << "layer " << layer;
+  }
+}
+
+// A fork carries the open pages' staging with the pages it shares: after
+// the fork, the parent and the child go on with different tokens (and
+// scores), each holding bit for bit what a session that never forked holds
+// after the same calls (h2o_page: with its evictions, compactions and the
+// copies of shared pages before writing into them; the child steps first,
+// so its write into a page the parent still reads would show in the
+// parent).
+TEST(KiviStoreTest, AForkContinuesAsTheOriginalWould) {
+  std::unique_ptr<CacheStore> store = MakeStore();
+  ASSERT_NE(store, nullptr);
+  for (const auto& [policy, budget] : std::vector<std::pair<PolicySpec, int>>{
+           {{"full", {}}, 1 << 20},
+           {{"h2o_page", {{"sinks", "1"}, {"recent", "2"}}}, 12}}) {
+    SCOPED_TRACE(policy.name);
+    const bool scores = policy.name != "full";
+    std::vector<SessionId> ids;  // the parent's twin, the child's, the parent
+    for (int i = 0; i < 3; ++i) {
+      KV_ASSIGN_OR_FAIL(SessionId id,
+                        NewSession(*store, kKivi, policy, budget));
+      ids.push_back(id);
+    }
+    const SessionId parent_twin = ids[0], child_twin = ids[1], parent = ids[2];
+    std::mt19937 rng(23);
+    int64_t copied = 0;
+    for (int64_t pos = 0; pos < 12; ++pos) {
+      AppendAll(*store, ids, pos, &copied);
+      if (scores) ScoreAll(*store, ids, rng, &copied);
+    }
+    // 13 tokens, the open page holding 1; the fork comes before the scores
+    // that make h2o_page evict a page (the compaction then writes the new
+    // open page, still shared, and so copies it first).
+    AppendAll(*store, ids, 12, &copied);
+    KV_ASSIGN_OR_FAIL(SessionId child, store->ForkSession(parent, ForkSpec{}));
+    std::mt19937 child_rng = rng;
+    for (int64_t pos = 13; pos < 40; ++pos) {
+      SCOPED_TRACE(pos);
+      if (scores) ScoreAll(*store, {child_twin, child}, child_rng, &copied);
+      if (scores) ScoreAll(*store, {parent_twin, parent}, rng, &copied);
+      ExpectSameKv(*store, parent, parent_twin);
+      ExpectSameKv(*store, child, child_twin);
+      AppendAll(*store, {child_twin, child}, 1000 + pos, &copied);
+      AppendAll(*store, {parent_twin, parent}, pos, &copied);
+    }
+    EXPECT_GT(copied, 0);
+    for (SessionId id : {parent_twin, child_twin, parent, child}) {
+      KV_ASSERT_OK(store->CloseSession(id));
+    }
+  }
+}
+
 TEST(KiviStoreTest, PoliciesAndOperationsItDoesNotTakeAreRefused) {
   std::unique_ptr<CacheStore> store = MakeStore();
   ASSERT_NE(store, nullptr);
@@ -329,9 +432,13 @@ TEST(KiviStoreTest, PoliciesAndOperationsItDoesNotTakeAreRefused) {
   KV_ASSIGN_OR_FAIL(SessionId id,
                     NewSession(*store, kKivi, {"full", {}}, 1 << 20));
   KV_ASSERT_OK(Append(*store, id, kKivi, 0, 5).status());
-  const absl::Status fork = store->ForkSession(id, ForkSpec{}).status();
-  EXPECT_EQ(fork.code(), absl::StatusCode::kFailedPrecondition) << fork;
-  EXPECT_THAT(std::string(fork.message()), HasSubstr("kivi_int4"));
+  // A fork takes the parent's policy rules: h2o evicts token by token.
+  ForkSpec h2o;
+  h2o.policy = PolicySpec{"h2o", {}};
+  const absl::Status fork = store->ForkSession(id, h2o).status();
+  EXPECT_EQ(fork.code(), absl::StatusCode::kInvalidArgument) << fork;
+  EXPECT_THAT(std::string(fork.message()),
+              HasSubstr("takes the policies full and h2o_page only"));
   const absl::Status exported = store->ExportSession(id, true).status();
   EXPECT_EQ(exported.code(), absl::StatusCode::kFailedPrecondition);
   const absl::Status frozen = store->FreezeForTransfer(id).status();

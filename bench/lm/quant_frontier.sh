@@ -2,8 +2,12 @@
 # The first quantisation x eviction frontier of issue 17 on the real model:
 # perplexity of SmolLM2-135M on the first TOKENS tokens of Genesis (KJV,
 # scripts/fetch-text) for every KV layout of bench/lm/kvkeepd.json (f32, bf16,
-# fp8_e4m3, int8, int4; groups of 32; DTYPES="f32 bf16 ..." picks some) x {full, h2o, streaming_llm} at two
-# budgets (a quarter and an eighth of the text), one kvkeep-lm perplexity
+# fp8_e4m3, int8, int4, kivi_int4; groups of 32; DTYPES="f32 bf16 ..." picks
+# some) x {full, h2o, streaming_llm} at two budgets (a quarter and an eighth
+# of the text); kivi_int4, which takes full and h2o_page only, x {full,
+# h2o_page} at the same budgets, and so does a dtype named DTYPE-page in
+# DTYPES ("bf16-page": its baseline, in the same batch of runs, since a
+# batch's size moves the digits a little); one kvkeep-lm perplexity
 # batch per layout, with the KV bytes the store really holds at the end
 # (SessionStats.resident_bytes). JSON per layout into OUT, then a table.
 #
@@ -28,12 +32,18 @@ b1=$((tokens / 4))
 b2=$((tokens / 8))
 runs="full h2o:sinks=4,recent=$((b1 / 4))@$b1 h2o:sinks=4,recent=$((b2 / 4))@$b2"
 runs="$runs streaming_llm:sinks=4@$b1 streaming_llm:sinks=4@$b2"
-for dtype in ${DTYPES:-bf16 fp8 int8 int4}; do
+page_runs="full h2o_page:sinks=4,recent=$((b1 / 4))@$b1"
+page_runs="$page_runs h2o_page:sinks=4,recent=$((b2 / 4))@$b2"
+for name in ${DTYPES:-bf16 fp8 int8 int4 kivi}; do
+  dtype="${name%-page}"
+  these="$runs"
+  [ "$dtype" = kivi ] || [ "$dtype" != "$name" ] && these="$page_runs"
   layout=smollm2-135m-$dtype
   [ "$dtype" = f32 ] && layout=smollm2-135m
-  echo "== $layout: $runs" >&2
+  echo "== $layout: $these" >&2
   "${KVKEEP_LM:-build/bin/kvkeep-lm}" perplexity --server="$KVKEEPD_ADDRESS" \
     --layout="$layout" --cache="${CACHE:-auto}" --text="$text" \
-    --max_tokens="$tokens" --runs="$runs" --json >"$out/frontier-$dtype-$tokens.json"
+    --max_tokens="$tokens" --runs="$these" --json \
+    >"$out/frontier-$name-$tokens.json"
 done
 python3 bench/lm/quant_frontier.py "$out"/frontier-*-"$tokens".json

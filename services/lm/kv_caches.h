@@ -56,6 +56,14 @@ class SlotCache final : public KvSource {
   // Slot s's keys and values (token_bytes each).
   const std::byte* key(int32_t layer, int64_t slot) const;
   const std::byte* value(int32_t layer, int64_t slot) const;
+  // The same, writable (kivi_kv.h rewrites the keys of pages the store
+  // quantised again); slots [s, s + k) are contiguous.
+  std::byte* mutable_key(int32_t layer, int64_t slot) {
+    return const_cast<std::byte*>(key(layer, slot));
+  }
+  std::byte* mutable_value(int32_t layer, int64_t slot) {
+    return const_cast<std::byte*>(value(layer, slot));
+  }
   int64_t token_bytes() const { return token_bytes_; }
 
  private:

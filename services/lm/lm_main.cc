@@ -344,7 +344,7 @@ absl::Status Connect(Setup& setup) {
   setup.kv_format = format->Name();
   setup.where = absl::StrCat("kvkeepd ", options.address, " (layout ",
                              layout->name(), " ", format->Name(), ", cache ");
-  return Load(setup, *format, *positions);
+  return Load(setup, format->Forward(), *positions);
 }
 
 // One sequence per run, each for up to `tokens` tokens.

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "kernels/quantize.h"
 #include "services/common/dtype_proto.h"
+#include "services/lm/kivi_kv.h"
 
 namespace kvkeep::lm {
 
@@ -147,12 +148,18 @@ class StoreSequence final : public Sequence {
         mirror_(std::move(mirror)),
         options_(options),
         needs_(needs) {
-    slots_.emplace(mirror_.num_layers(), layout_.token_bytes());
+    if (IsKivi(layout_.dtype)) {
+      kivi_.emplace(layout_, mirror_.num_layers(), append_dtype_, false);
+    } else {
+      slots_.emplace(mirror_.num_layers(), layout_.token_bytes());
+    }
   }
 
   // Reads the pool in place instead of mirroring bytes.
   void UsePool(std::shared_ptr<const MappedPool> pool) {
     slots_.reset();
+    if (kivi_)
+      kivi_.emplace(layout_, mirror_.num_layers(), append_dtype_, true);
     pool_ = pool;
     mapped_.emplace(std::move(pool), &mirror_);
   }
@@ -173,6 +180,7 @@ class StoreSequence final : public Sequence {
     } else {
       forked->slots_ = slots_;
     }
+    forked->kivi_ = kivi_;
     return forked;
   }
 
@@ -186,6 +194,7 @@ class StoreSequence final : public Sequence {
   }
 
   const KvSource& cache() const override {
+    if (kivi_) return *kivi_;
     if (mapped_) return *mapped_;
     return *slots_;
   }
@@ -208,8 +217,17 @@ class StoreSequence final : public Sequence {
     client::KvTokens tokens;
     tokens.positions.assign(step.positions.begin(), step.positions.end());
     tokens.layers.resize(step.keys.size());
+    // kivi_int4: the forward pass hands back float32; the store takes the
+    // layout's append dtype.
+    std::vector<std::string> keys, values;
     for (size_t l = 0; l < step.keys.size(); ++l) {
-      tokens.layers[l] = {step.keys[l], step.values[l]};
+      if (kivi_) {
+        keys.push_back(Narrow(step.keys[l]));
+        values.push_back(Narrow(step.values[l]));
+      }
+      tokens.layers[l] = kivi_
+                             ? client::LayerBytes{keys[l], values[l]}
+                             : client::LayerBytes{step.keys[l], step.values[l]};
     }
     std::vector<v1::LayerScores> scores;
     if (needs_.input == PolicyInput::kPerStep) {
@@ -221,7 +239,11 @@ class StoreSequence final : public Sequence {
     }
     absl::StatusOr<v1::DecodeStepResult> result = stream_.Step(tokens, scores);
     if (!result.ok()) return Annotate(result.status());
-    if (absl::Status s = Follow(*result, step); !s.ok()) return s;
+    if (absl::Status s = kivi_ ? FollowKivi(*result, step, keys, values)
+                               : Follow(*result, step);
+        !s.ok()) {
+      return s;
+    }
     if (needs_.input == PolicyInput::kCompress &&
         kind == StepKind::kPromptEnd) {
       return Compress(step);
@@ -288,6 +310,45 @@ class StoreSequence final : public Sequence {
     return absl::OkStatus();
   }
 
+  // kivi_int4: the block tables, then the decoded cache (from the pool when
+  // mapped, else what the store made of `keys` and `values`, the step's
+  // tokens as sent).
+  absl::Status FollowKivi(const v1::DecodeStepResult& result,
+                          const SequenceStep& step,
+                          absl::Span<const std::string> keys,
+                          absl::Span<const std::string> values) {
+    absl::Status s = mirror_.ApplyDecode(result, step.positions);
+    if (s.ok()) {
+      s = kivi_->Apply(result.append(), step.positions, keys, values);
+    }
+    if (s.ok()) s = kivi_->Apply(result.scores());
+    if (s.ok() && mapped_) s = mapped_->Check();
+    if (s.ok() && mapped_) {
+      std::vector<ResidentKv> pool;
+      for (int32_t l = 0; l < mirror_.num_layers(); ++l) {
+        pool.push_back(mapped_->Layer(l));
+      }
+      s = kivi_->Decode(pool);
+    }
+    if (!s.ok()) {
+      return Annotate(absl::InternalError(
+          absl::StrCat("the store's reply does not fit this worker's cache: ",
+                       s.message())));
+    }
+    return absl::OkStatus();
+  }
+
+  // Float32 elements (a kivi step's keys or values) in the append dtype.
+  std::string Narrow(const std::string& f32) const {
+    const int64_t n = static_cast<int64_t>(f32.size() / sizeof(float));
+    std::string out(n * DTypeBytes(append_dtype_), '\0');
+    for (int64_t e = 0; e < n; ++e) {
+      StoreFromFloat(append_dtype_, out.data(), e,
+                     LoadAsFloat(DType::kF32, f32.data(), e));
+    }
+    return out;
+  }
+
   // A quantised layout's mirror holds the records the store made of what
   // the step sent: the same CPU twin makes the same bytes.
   absl::Status Quantize(const SequenceStep& step,
@@ -347,12 +408,13 @@ class StoreSequence final : public Sequence {
     return Follow(as_step, none);
   }
 
-  const PageLayout layout_;  // of the session's cache (page_tokens unused)
+  const PageLayout layout_;  // of the session's cache (page_tokens: kivi's)
   const DType append_dtype_;
   client::Session session_;
   client::DecodeStream stream_;
   client::BlockTableMirror mirror_;
   std::optional<SlotCache> slots_;
+  std::optional<KiviKv> kivi_;  // kivi_int4: the decoded cache (slots_ unset)
   std::shared_ptr<const MappedPool> pool_;
   std::optional<MappedSource> mapped_;
   const StoreSequenceOptions options_;
@@ -386,12 +448,6 @@ absl::StatusOr<KvFormat> FormatOf(const v1::Layout& layout) {
                      (dtype.ok() ? append : dtype).status().message()));
   }
   if (!IsQuantized(*dtype)) return KvFormat(*dtype);
-  if (IsKivi(*dtype)) {
-    return absl::UnimplementedError(absl::StrCat(
-        "layout ", layout.name(),
-        ": kvkeep-lm does not read kivi_int4 pages yet (their keys are "
-        "per-page blocks); --local --emulate=kivi_int4/gG/tT emulates it"));
-  }
   return KvFormat::Quantized(*dtype, *append, layout.group_size());
 }
 
@@ -459,9 +515,11 @@ absl::StatusOr<std::unique_ptr<Sequence>> NewStoreSequence(
   if (!format.ok()) return format.status();
   absl::StatusOr<client::BlockTableMirror> mirror = session->Mirror();
   if (!mirror.ok()) return mirror.status();
-  auto sequence = std::make_unique<StoreSequence>(
-      *session, *std::move(mirror), options, format->Layout(config),
-      format->append_dtype, *needs);
+  PageLayout layout = format->Layout(config);
+  layout.page_tokens = session->layout().page_tokens();
+  auto sequence =
+      std::make_unique<StoreSequence>(*session, *std::move(mirror), options,
+                                      layout, format->append_dtype, *needs);
   if (options.access != CacheAccess::kMirror) {
     absl::StatusOr<v1::MapPoolResponse> pool = session->MapPool();
     absl::StatusOr<std::unique_ptr<MappedPool>> mapped =

@@ -2,7 +2,8 @@
 // (LocalSequence, --local: the baseline that measures what the store costs)
 // or in a kvkeepd session (StoreSequence), whose policy evicts as the
 // sequence grows; its layout may be quantised (the store quantises what the
-// worker appends, the worker reads the records through the CPU twin). A forward
+// worker appends, the worker reads the records through the CPU twin; a
+// kivi_int4 session's pages it decodes to float32, kivi_kv.h). A forward
 // pass (model.h) reads the sequence's cache(), computes the attention() the
 // policy takes, and Commit hands the step's new keys, values and attention to
 // the cache; afterwards cache() holds exactly what the cache kept.

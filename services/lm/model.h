@@ -110,6 +110,10 @@ struct KvFormat {
 
   // The cache's page layout for `config` (page_tokens left 0).
   PageLayout Layout(const ModelConfig& config) const;
+  // The format the forward pass reads the cache in: this one, except
+  // kivi_int4, whose pages kvkeep-lm decodes to float32 (kivi_kv.h): its
+  // steps hand back float32 and keep their own tokens unrounded.
+  KvFormat Forward() const { return IsKivi(dtype) ? KvFormat() : *this; }
   // "bf16", "int4/g32 (from bf16)".
   std::string Name() const;
   // INVALID_ARGUMENT unless it holds together for `config`: a float

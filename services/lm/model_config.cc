@@ -192,8 +192,8 @@ std::string KvFormat::Name() const {
 absl::Status KvFormat::Check(const ModelConfig& config) const {
   if (IsKivi(dtype)) {
     return absl::UnimplementedError(
-        "KV format kivi_int4: kvkeep-lm does not read kivi_int4 pages yet; "
-        "--emulate=kivi_int4/gG/tT emulates it");
+        "KV format kivi_int4: the forward pass reads its pages decoded to "
+        "f32 (KvFormat::Forward)");
   }
   if (IsQuantized(append_dtype)) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -19,74 +19,21 @@
 #include "kernels/kivi.h"
 #include "kernels/quant_format.h"
 #include "services/lm/format_emulation.h"
+#include "tests/lm/kv_testing.h"
 
 namespace kvkeep::lm {
 namespace {
 
-constexpr int32_t kLayers = 2, kKvHeads = 2, kHeadDim = 8;
-constexpr int64_t kWidth = kKvHeads * kHeadDim;
-
-ModelConfig Config() {
-  ModelConfig c;
-  c.layers = kLayers;
-  c.kv_heads = kKvHeads;
-  c.query_heads = 4;
-  c.head_dim = kHeadDim;
-  return c;
-}
-
-// Keys and values [layer][kv][token][width] for n tokens, random with an
-// outlier channel in the keys (what makes per-token int4 keys poor).
-using Tokens = std::vector<std::vector<std::vector<float>>>;
-Tokens RandomTokens(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  Tokens t(kLayers, std::vector<std::vector<float>>(2));
-  for (auto& layer : t) {
-    for (int kv = 0; kv < 2; ++kv) {
-      layer[kv].resize(n * kWidth);
-      for (int64_t i = 0; i < n * kWidth; ++i) {
-        layer[kv][i] = dist(rng) + (kv == 0 && i % kWidth == 3 ? 20.0f : 0.0f);
-      }
-    }
-  }
-  return t;
-}
-
-std::string Bytes(const std::vector<float>& x, int64_t first, int64_t n) {
-  return std::string(reinterpret_cast<const char*>(&x[first * kWidth]),
-                     n * kWidth * sizeof(float));
-}
-
-// Appends tokens [first, first + n).
-absl::Status Append(EmulatedKv& cache, const Tokens& t, int64_t first,
-                    int64_t n) {
-  std::vector<int32_t> ids(n, 1);
-  std::vector<int64_t> positions(n);
-  for (int64_t i = 0; i < n; ++i) positions[i] = first + i;
-  SequenceStep step;
-  step.tokens = ids;
-  step.positions = positions;
-  for (int32_t l = 0; l < kLayers; ++l) {
-    step.keys.push_back(Bytes(t[l][0], first, n));
-    step.values.push_back(Bytes(t[l][1], first, n));
-  }
-  return cache.Append(step);
-}
-
-// What the cache hands the model: [layer][kv][token][width].
-Tokens Read(const EmulatedKv& cache) {
-  Tokens out(kLayers, std::vector<std::vector<float>>(2));
-  for (int32_t l = 0; l < kLayers; ++l) {
-    const ResidentKv r = cache.Layer(l);
-    const float* arena = reinterpret_cast<const float*>(r.arena);
-    for (int kv = 0; kv < 2; ++kv) {
-      const float* first = arena + kv * r.page_tokens * kWidth;
-      out[l][kv].assign(first, first + r.resident * kWidth);
-    }
-  }
-  return out;
-}
+using ::kvkeep::lm::testing::Append;
+using ::kvkeep::lm::testing::Bytes;
+using ::kvkeep::lm::testing::Config;
+using ::kvkeep::lm::testing::kHeadDim;
+using ::kvkeep::lm::testing::kKvHeads;
+using ::kvkeep::lm::testing::kLayers;
+using ::kvkeep::lm::testing::kWidth;
+using ::kvkeep::lm::testing::RandomTokens;
+using ::kvkeep::lm::testing::Read;
+using ::kvkeep::lm::testing::Tokens;
 
 std::vector<float> Bf16(const std::vector<float>& x) {
   std::vector<float> y(x.size());
