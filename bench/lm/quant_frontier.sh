@@ -18,6 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/lib.sh
+kvkeep_openblas_env  # the kernels bench/eval-lm.sh uses (docs/quantization.md)
 tokens="${1:-1024}"
 out="${2:-bench/results/quant}"
 text=.cache/text/genesis-kjv.txt
