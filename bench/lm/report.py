@@ -268,10 +268,11 @@ def held_md(cells, budget):
         return ""
     depths = sorted({c["depth"] for c in sel})
     out = ["### Passkey: found / held when the question came\n",
-           "Per run and depth (every length): exact matches of n, then the "
-           "share of the key's tokens (both copies, every layer) still in "
-           "the cache after the prompt, and the mean number of layers (of "
-           "30) holding a whole copy. Only lines that measured it.\n",
+           "Per run and depth (every length): the share of exact matches "
+           "of all its tasks, then, over the tasks whose lines measured it, "
+           "the share of the key's tokens (both copies, every layer) still "
+           "in the cache after the prompt and the mean number of layers (of "
+           "30) holding a whole copy.\n",
            "| run | " + " | ".join(f"depth {d}" for d in depths) + " |",
            "|---|" + "---:|" * len(depths)]
     for run in dict.fromkeys(c["run"] for c in sel):
@@ -288,7 +289,9 @@ def held_md(cells, budget):
                         for c in g) / n
             whole = sum(c["mean_answer_layers_whole"] * c["n_held_measured"]
                         for c in g) / n
-            txt.append(f"{acc:.2f}: {share:.2f}, {whole:.1f} layers (n={n})")
+            total = sum(c["n"] for c in g)
+            txt.append(f"{acc:.2f} of {total}; held {share:.2f}, "
+                       f"{whole:.1f} layers (of {n})")
         out.append(f"| {run} | " + " | ".join(txt) + " |")
     return "\n".join(out) + "\n"
 
