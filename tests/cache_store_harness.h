@@ -1,6 +1,7 @@
-// What the CacheStore tests share: a store over given layouts (Harness),
-// whole-store snapshots to show a refused call changed nothing, and
-// NOT_FOUND checks. Header-only: each test binary links its own .cc alone.
+// What the CacheStore and Session tests share: a store over given layouts
+// (Harness) with appends and attention by position, whole-store snapshots to
+// show a refused call changed nothing, and NOT_FOUND checks. Header-only: each
+// test binary links its own .cc alone.
 #ifndef KVKEEP_TESTS_CACHE_STORE_HARNESS_H_
 #define KVKEEP_TESTS_CACHE_STORE_HARNESS_H_
 
@@ -12,6 +13,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -74,6 +76,18 @@ using ::kvkeep::test_data::TokenBytes;
 
 using ::kvkeep::test_data::AppendBuffers;
 
+// Positions [first, end).
+inline std::vector<int64_t> Range(int64_t first, int64_t end) {
+  std::vector<int64_t> v;
+  for (int64_t i = first; i < end; ++i) v.push_back(i);
+  return v;
+}
+inline std::vector<int64_t> Concat(std::vector<int64_t> a,
+                                   const std::vector<int64_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
 class Harness {
  public:
   explicit Harness(std::vector<ModelLayout> layouts,
@@ -116,6 +130,51 @@ class Harness {
                                     std::vector<int64_t> positions) {
     AppendBuffers b(layouts_.at(layout), std::move(positions));
     return store_->Append(id, b.request());
+  }
+
+  // Appends `positions` to a session, whatever its layout.
+  absl::StatusOr<StepResult> Append(SessionId id,
+                                    std::vector<int64_t> positions) {
+    absl::StatusOr<SessionStats> stats = store_->GetStats(id);
+    if (!stats.ok()) return stats.status();
+    return Append(id, stats->layout, std::move(positions));
+  }
+
+  // Appends positions [first, first + n) in one call.
+  absl::StatusOr<StepResult> AppendRange(SessionId id, int64_t first,
+                                         int64_t n) {
+    return Append(id, Range(first, first + n));
+  }
+
+  // Head-reduced attention rows for one layer, given by position (0 for
+  // every other resident token), laid out in the layer's current slot order
+  // and sent at its current version.
+  absl::StatusOr<StepResult> AttendRows(
+      SessionId id, int32_t layer,
+      const std::vector<std::map<int64_t, float>>& rows) {
+    absl::StatusOr<BlockTable> table = store_->GetBlockTable(id, layer);
+    if (!table.ok()) return table.status();
+    std::vector<float> data;
+    for (const auto& by_position : rows) {
+      for (const auto& [pos, p] : by_position) {
+        if (std::find(table->positions.begin(), table->positions.end(), pos) ==
+            table->positions.end()) {
+          ADD_FAILURE() << "test bug: position " << pos << " is not resident";
+        }
+      }
+      for (int64_t pos : table->positions) {
+        auto it = by_position.find(pos);
+        data.push_back(it == by_position.end() ? 0.0f : it->second);
+      }
+    }
+    LayerScores s{layer, table->version, ScoreSource::kReduced,
+                  static_cast<int32_t>(rows.size()), data};
+    return store_->UpdateScores(id, std::span<const LayerScores>(&s, 1));
+  }
+  absl::StatusOr<StepResult> Attend(
+      SessionId id, int32_t layer,
+      const std::map<int64_t, float>& by_position) {
+    return AttendRows(id, layer, {by_position});
   }
 
   // One row of head-reduced attention for every layer: given by position
