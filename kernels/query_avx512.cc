@@ -45,6 +45,18 @@ bool Avx512Widens(const PageLayout& layout) {
   }
 }
 
+bool FusedWidens(const PageLayout& layout) {
+  switch (layout.dtype) {
+    case DType::kF16:
+    case DType::kInt8:
+    case DType::kInt4:
+    case DType::kFp8E4M3:
+      return Avx512Widens(layout);
+    default:
+      return false;
+  }
+}
+
 // Everything below is compiled for AVX-512 whatever the build's -march; the
 // callers above it checked the CPU.
 #pragma GCC push_options
@@ -54,10 +66,47 @@ namespace {
 
 // float(code - zero) * scale for 16 codes in 32-bit lanes (DequantGroup's
 // operations, in its order).
-[[gnu::always_inline]] inline void StoreDequant(__m512i codes, __m512i zero,
-                                                __m512 scale, float* dst) {
+[[gnu::always_inline]] inline __m512 Dequant(__m512i codes, __m512i zero,
+                                             __m512 scale) {
   const __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(codes, zero));
-  _mm512_storeu_ps(dst, _mm512_mul_ps(v, scale));
+  return _mm512_mul_ps(v, scale);
+}
+
+// int4: 32 elements from 16 bytes (element 2k in byte k's low nibble, 2k + 1
+// in its high one), dequantised into out[0] (elements 0-15) and out[1].
+[[gnu::always_inline]] inline void DequantInt4(const uint8_t* codes,
+                                               __m512i zero, __m512 scale,
+                                               __m512* out) {
+  const __m128i nibble = _mm_set1_epi8(0x0f);
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
+  const __m128i lo = _mm_and_si128(b, nibble);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), nibble);
+  out[0] =
+      Dequant(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)), zero, scale);
+  out[1] =
+      Dequant(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi)), zero, scale);
+}
+
+// fp8_e4m3: 16 codes times `scale256` (the group's scale times 2^8). Code
+// s.eeee.mmm as binary16 bits s.0eeee.mmm0000000 (sign-extend, shift, clear
+// bit 14): the E4M3 value / 2^8, exactly (subnormals included); 2^8 is in
+// the scale, which is exact too (a power of two). 0x7f / 0xff (E4M3's NaN)
+// become binary16's quiet NaN, which widens to the twin's 0x7fc00000 with
+// the code's sign.
+[[gnu::always_inline]] inline __m512 DequantFp8(const uint8_t* codes,
+                                                __m512 scale256) {
+  const __m128i low7 = _mm_set1_epi8(0x7f);
+  const __m256i sign = _mm256_set1_epi16(static_cast<int16_t>(0x8000));
+  const __m256i keep = _mm256_set1_epi16(static_cast<int16_t>(0xbfff));
+  const __m256i qnan = _mm256_set1_epi16(0x7e00);
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
+  __m256i w = _mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7);
+  w = _mm256_and_si256(w, keep);
+  const __mmask16 nan = _mm_cmpeq_epi8_mask(_mm_and_si128(b, low7), low7);
+  // (w & sign) | qnan: truth table 0xea over (w, sign, qnan).
+  w = _mm256_mask_blend_epi16(nan, w,
+                              _mm256_ternarylogic_epi32(w, sign, qnan, 0xea));
+  return _mm512_mul_ps(_mm512_cvtph_ps(w), scale256);
 }
 
 // One token record's kv head `head` (head_dim floats) for each dtype.
@@ -117,47 +166,24 @@ template <DType kType>
     const __m512 scale = _mm512_permutexvar_ps(lane, scales);
     float* out = dst + j * gs;
     if constexpr (kType == DType::kFp8E4M3) {
-      // Code s.eeee.mmm as binary16 bits s.0eeee.mmm0000000 (sign-extend,
-      // shift, clear bit 14): the E4M3 value / 2^8, exactly (subnormals
-      // included); 2^8 goes into the scale, which is exact too (a power of
-      // two). 0x7f / 0xff (E4M3's NaN) become binary16's quiet NaN, which
-      // widens to the twin's 0x7fc00000 with the code's sign.
       const __m512 s = _mm512_mul_ps(scale, _mm512_set1_ps(256.0f));
-      const __m128i low7 = _mm_set1_epi8(0x7f);
-      const __m256i sign = _mm256_set1_epi16(static_cast<int16_t>(0x8000));
-      const __m256i keep = _mm256_set1_epi16(static_cast<int16_t>(0xbfff));
-      const __m256i qnan = _mm256_set1_epi16(0x7e00);
       for (int32_t i = 0; i < gs; i += 16) {
-        const __m128i b = _mm_loadu_si128(
-            reinterpret_cast<const __m128i*>(codes + j * gs + i));
-        __m256i w = _mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7);
-        w = _mm256_and_si256(w, keep);
-        const __mmask16 nan = _mm_cmpeq_epi8_mask(_mm_and_si128(b, low7), low7);
-        // (w & sign) | qnan: truth table 0xea over (w, sign, qnan).
-        w = _mm256_mask_blend_epi16(
-            nan, w, _mm256_ternarylogic_epi32(w, sign, qnan, 0xea));
-        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_cvtph_ps(w), s));
+        _mm512_storeu_ps(out + i, DequantFp8(codes + j * gs + i, s));
       }
     } else {
-      const __m512 s = scale;
       const __m512i z = _mm512_permutexvar_epi32(lane, zeros);
       if constexpr (kType == DType::kInt8) {
         for (int32_t i = 0; i < gs; i += 16) {
           const __m128i b = _mm_loadu_si128(
               reinterpret_cast<const __m128i*>(codes + j * gs + i));
-          StoreDequant(_mm512_cvtepu8_epi32(b), z, s, out + i);
+          _mm512_storeu_ps(out + i, Dequant(_mm512_cvtepu8_epi32(b), z, scale));
         }
-      } else {  // int4: element 2k in byte k's low nibble, 2k + 1 in its high
-        const __m128i nibble = _mm_set1_epi8(0x0f);
+      } else {
         for (int32_t i = 0; i < gs; i += 32) {
-          const __m128i b = _mm_loadu_si128(
-              reinterpret_cast<const __m128i*>(codes + (j * gs + i) / 2));
-          const __m128i lo = _mm_and_si128(b, nibble);
-          const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), nibble);
-          StoreDequant(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)), z, s,
-                       out + i);
-          StoreDequant(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi)), z, s,
-                       out + i + 16);
+          __m512 v[2];
+          DequantInt4(codes + (j * gs + i) / 2, z, scale, v);
+          _mm512_storeu_ps(out + i, v[0]);
+          _mm512_storeu_ps(out + i + 16, v[1]);
         }
       }
     }
@@ -189,7 +215,7 @@ template <DType kType>
           reinterpret_cast<const __m256i*>(scales + 2 * at)));
       const __m512i z = _mm512_cvtepu8_epi32(
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(zeros + at)));
-      StoreDequant(_mm512_cvtepu8_epi32(part[h]), z, s, dst + at);
+      _mm512_storeu_ps(dst + at, Dequant(_mm512_cvtepu8_epi32(part[h]), z, s));
     }
   }
 }
@@ -230,63 +256,116 @@ using query_dots::FoldLanes;
 using query_dots::LoadVec;
 using query_dots::Vec;
 
-// Key loaders for the register blocks: 16 elements of key t from element i.
+// Key loaders for the register blocks: elements [i, i + kStep) of key t
+// into k[0 .. kStep / 16).
 struct TileLoad {
+  static constexpr int kStep = 16;
   const float* tile;
   int32_t dp;
   void Prefetch(int32_t, int32_t) const {}  // written just now: in L1
-  [[gnu::always_inline]] Vec operator()(int32_t t, int32_t i) const {
-    Vec v;
-    LoadVec(&v, tile + int64_t{t} * dp + i);
-    return v;
+  [[gnu::always_inline]] void operator()(int32_t t, int32_t i, Vec* k) const {
+    LoadVec(k, tile + int64_t{t} * dp + i);
   }
 };
 
 struct F32Load {
+  static constexpr int kStep = 16;
   const std::byte* const* rows;
   [[gnu::always_inline]] void Prefetch(int32_t t, int32_t i) const {
     _mm_prefetch(reinterpret_cast<const char*>(
                      reinterpret_cast<const float*>(rows[t]) + i),
                  _MM_HINT_T0);
   }
-  [[gnu::always_inline]] Vec operator()(int32_t t, int32_t i) const {
-    Vec v;
-    LoadVec(&v, reinterpret_cast<const float*>(rows[t]) + i);
-    return v;
+  [[gnu::always_inline]] void operator()(int32_t t, int32_t i, Vec* k) const {
+    LoadVec(k, reinterpret_cast<const float*>(rows[t]) + i);
   }
 };
 
-struct Bf16Load {  // the 16 bits become the high half of a float
+// bf16 and f16: 16 bits per element, one line holds 32 of them.
+struct HalfPrefetch {
   const std::byte* const* rows;
   [[gnu::always_inline]] void Prefetch(int32_t t, int32_t i) const {
-    if (i % 32 == 0) {  // one line holds 32 elements
+    if (i % 32 == 0) {
       _mm_prefetch(reinterpret_cast<const char*>(
                        reinterpret_cast<const uint16_t*>(rows[t]) + i),
                    _MM_HINT_T0);
     }
   }
-  [[gnu::always_inline]] Vec operator()(int32_t t, int32_t i) const {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+  [[gnu::always_inline]] __m256i Bits(int32_t t, int32_t i) const {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
         reinterpret_cast<const uint16_t*>(rows[t]) + i));
-    return (Vec)_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
+  }
+};
+
+struct Bf16Load : HalfPrefetch {  // the 16 bits: the high half of a float
+  static constexpr int kStep = 16;
+  [[gnu::always_inline]] void operator()(int32_t t, int32_t i, Vec* k) const {
+    *k = (Vec)_mm512_slli_epi32(_mm512_cvtepu16_epi32(Bits(t, i)), 16);
+  }
+};
+
+struct F16Load : HalfPrefetch {  // WidenF16's conversion
+  static constexpr int kStep = 16;
+  [[gnu::always_inline]] void operator()(int32_t t, int32_t i, Vec* k) const {
+    *k = (Vec)_mm512_cvtph_ps(Bits(t, i));
+  }
+};
+
+// int8, int4, fp8_e4m3 records widened in registers, 32 elements (one
+// group, or part of one) at a time: WidenQuantized's operations on the
+// group's scale and zero point, broadcast from the record.
+template <DType kType>
+struct QuantLoad {
+  static constexpr int kStep = 32;
+  const std::byte* const* rows;
+  HeadGeometry geo;
+  void Prefetch(int32_t, int32_t) const {}  // RowLogits prefetches records
+  [[gnu::always_inline]] void operator()(int32_t t, int32_t i, Vec* k) const {
+    const auto* rec = reinterpret_cast<const uint8_t*>(rows[t]);
+    const int32_t j = i / geo.group_size;
+    uint16_t half;
+    std::memcpy(&half, rec + geo.scales_at + 2 * j, sizeof(half));
+    const __m512 scale = _mm512_cvtph_ps(_mm256_set1_epi16(half));
+    __m512 v[2];
+    if constexpr (kType == DType::kFp8E4M3) {
+      const __m512 s = _mm512_mul_ps(scale, _mm512_set1_ps(256.0f));
+      v[0] = DequantFp8(rec + geo.codes_at + i, s);
+      v[1] = DequantFp8(rec + geo.codes_at + i + 16, s);
+    } else {
+      const __m512i z = _mm512_set1_epi32(rec[geo.zeros_at + j]);
+      if constexpr (kType == DType::kInt8) {
+        for (int h = 0; h < 2; ++h) {
+          const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(
+              rec + geo.codes_at + i + 16 * h));
+          v[h] = Dequant(_mm512_cvtepu8_epi32(b), z, scale);
+        }
+      } else {
+        DequantInt4(rec + geo.codes_at + i / 2, z, scale, v);
+      }
+    }
+    k[0] = (Vec)v[0];
+    k[1] = (Vec)v[1];
   }
 };
 
 // out[j * kKeys + t] = q[j] . key(t0 + t) for kHeads rows of q [..][dp]:
 // kHeads * kKeys accumulators (8 or 16), each key vector loaded once for the
-// kHeads query heads, each query vector once for the kKeys keys.
+// kHeads query heads, each query vector once for the kKeys keys. Each
+// accumulator takes its 16-element chunks in order whatever the loader's
+// step, so every loader gives the same sums for the same floats.
 template <int kHeads, int kKeys, class Load>
 [[gnu::always_inline]] inline void Block(const float* q, int32_t dp,
                                          const Load& load, int32_t t0,
                                          bool next, float* out) {
   constexpr int kAcc = kHeads * kKeys;
+  constexpr int kSub = Load::kStep / 16;
   Vec acc[kAcc];
 #pragma GCC unroll 16
   for (int m = 0; m < kAcc; ++m) acc[m] = Vec{};
-  for (int32_t i = 0; i < dp; i += 16) {
-    Vec k[kKeys];
+  for (int32_t i = 0; i < dp; i += Load::kStep) {
+    Vec k[kKeys][kSub];
 #pragma GCC unroll 8
-    for (int t = 0; t < kKeys; ++t) k[t] = load(t0 + t, i);
+    for (int t = 0; t < kKeys; ++t) load(t0 + t, i, k[t]);
     // The next block's keys, one line each, while this one computes: four
     // or eight short streams 2-4 KiB apart, which the hardware prefetchers
     // do not start on soon enough (L2 to L1 was the limit at 256 keys).
@@ -296,10 +375,13 @@ template <int kHeads, int kKeys, class Load>
     }
 #pragma GCC unroll 4
     for (int j = 0; j < kHeads; ++j) {
-      Vec qj;
-      LoadVec(&qj, q + int64_t{j} * dp + i);
+#pragma GCC unroll 2
+      for (int h = 0; h < kSub; ++h) {
+        Vec qj;
+        LoadVec(&qj, q + int64_t{j} * dp + i + 16 * h);
 #pragma GCC unroll 8
-      for (int t = 0; t < kKeys; ++t) acc[j * kKeys + t] += qj * k[t];
+        for (int t = 0; t < kKeys; ++t) acc[j * kKeys + t] += qj * k[t][h];
+      }
     }
   }
 #pragma GCC unroll 2
@@ -341,13 +423,33 @@ void DotsWith(const float* q, int32_t heads, int32_t dp, const Load& load,
 
 void DotsAvx512(const float* q, int32_t heads, int32_t dp, const KeyRows& keys,
                 int32_t count, float* dots, int64_t n) {
+  if (keys.tile != nullptr) {
+    return DotsWith(q, heads, dp, TileLoad{keys.tile, dp}, count, dots, n);
+  }
   switch (keys.kind) {
     case DType::kF32:
       return DotsWith(q, heads, dp, F32Load{keys.rows}, count, dots, n);
     case DType::kBF16:
-      return DotsWith(q, heads, dp, Bf16Load{keys.rows}, count, dots, n);
+      return DotsWith(q, heads, dp, Bf16Load{{keys.rows}}, count, dots, n);
+    case DType::kF16:
+      return DotsWith(q, heads, dp, F16Load{{keys.rows}}, count, dots, n);
+    case DType::kInt8:
+      return DotsWith(q, heads, dp,
+                      QuantLoad<DType::kInt8>{
+                          keys.rows, GeometryOf(*keys.layout, keys.head)},
+                      count, dots, n);
+    case DType::kInt4:
+      return DotsWith(q, heads, dp,
+                      QuantLoad<DType::kInt4>{
+                          keys.rows, GeometryOf(*keys.layout, keys.head)},
+                      count, dots, n);
+    case DType::kFp8E4M3:
+      return DotsWith(q, heads, dp,
+                      QuantLoad<DType::kFp8E4M3>{
+                          keys.rows, GeometryOf(*keys.layout, keys.head)},
+                      count, dots, n);
     default:
-      return DotsWith(q, heads, dp, TileLoad{keys.tile, dp}, count, dots, n);
+      return;
   }
 }
 
@@ -381,6 +483,7 @@ void WidenTileAvx512(const PageLayout& layout, const std::byte* arena,
 
 bool CpuHasAvx512() { return false; }
 bool Avx512Widens(const PageLayout&) { return false; }
+bool FusedWidens(const PageLayout&) { return false; }
 void WidenTileAvx512(const PageLayout&, const std::byte*,
                      const std::byte* const*, int32_t, int32_t, int32_t,
                      float*) {}

@@ -253,5 +253,77 @@ TEST_F(QueryAvx512Test, DotsMatchPlainSumsForEveryBlockShape) {
   }
 }
 
+// Keys widened in registers from the records (f16 rows, int8 / int4 / fp8
+// records) give the same dot products, bit for bit, as the same keys
+// widened into a tile first: every code of every format, a record that
+// reads as zeros, every block shape and partial blocks.
+TEST_F(QueryAvx512Test, FusedWideningDotsAsTheTile) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal;
+  const PageLayout layouts[] = {{16, 3, 128, DType::kInt4, 32},
+                                {16, 2, 64, DType::kInt8, 32},
+                                {16, 2, 96, DType::kFp8E4M3, 32},
+                                {16, 2, 80, DType::kF16}};
+  for (const PageLayout& layout : layouts) {
+    ASSERT_TRUE(FusedWidens(layout)) << DTypeName(layout.dtype);
+    std::vector<std::vector<std::byte>> records;
+    if (layout.dtype == DType::kF16) {
+      for (int32_t r = 0; r < 21; ++r) {  // finite halves of every exponent
+        std::vector<std::byte> rec(layout.token_bytes());
+        for (int64_t e = 0; e < layout.token_elements(); ++e) {
+          const uint16_t h = static_cast<uint16_t>(
+              (e * 131 + r * 977) % 0x7c00 | (e % 3 == 0 ? 0x8000 : 0));
+          std::memcpy(rec.data() + 2 * e, &h, 2);
+        }
+        records.push_back(std::move(rec));
+      }
+    } else {
+      records = EveryCode(layout);
+    }
+    const std::vector<std::byte> zeros(layout.token_bytes());
+    const int32_t d = layout.head_dim;
+    const bool whole = IsQuantized(layout.dtype);  // rows: whole records
+    for (int32_t heads : {1, 2, 4, 7}) {
+      std::vector<float> q(heads * d);
+      for (float& x : q) x = normal(rng) * 1e-3f;
+      for (int32_t head = 0; head < layout.kv_heads; ++head) {
+        // Keys: the records, a zero one in the middle, then zero padding up
+        // to the next multiple of 8.
+        std::vector<const std::byte*> rows;
+        std::vector<const std::byte*> recs;
+        for (size_t r = 0; r < records.size(); ++r) {
+          recs.push_back(r == 5 ? nullptr : records[r].data());
+        }
+        const int32_t count = static_cast<int32_t>(recs.size());
+        const int32_t padded = (count + 7) / 8 * 8;
+        std::vector<float> tile(int64_t{padded} * d, 0.0f);
+        WidenTileAvx512(layout, nullptr, recs.data(), count, head, d,
+                        tile.data());
+        const int64_t offset = whole ? 0 : int64_t{head} * d * 2;
+        for (int32_t t = 0; t < padded; ++t) {
+          rows.push_back(t < count && recs[t] != nullptr ? recs[t] + offset
+                                                         : zeros.data());
+        }
+        const int64_t n = count + 3;
+        std::vector<float> from_tile(heads * n, -1.0f);
+        std::vector<float> fused(heads * n, -1.0f);
+        DotsAvx512(q.data(), heads, d,
+                   KeyRows{layout.dtype, nullptr, tile.data()}, count,
+                   from_tile.data(), n);
+        DotsAvx512(q.data(), heads, d,
+                   KeyRows{layout.dtype, rows.data(), nullptr, &layout, head},
+                   count, fused.data(), n);
+        for (int64_t i = 0; i < heads * n; ++i) {
+          ASSERT_EQ(Bits(fused[i]), Bits(from_tile[i]))
+              << DTypeName(layout.dtype) << " heads " << heads << " head "
+              << head << " at " << i;
+        }
+      }
+    }
+  }
+  EXPECT_FALSE(FusedWidens(PageLayout{16, 2, 64, DType::kBF16}));
+  EXPECT_FALSE(FusedWidens(PageLayout{16, 2, 64, DType::kKiviInt4, 32}));
+}
+
 }  // namespace
 }  // namespace kvkeep
