@@ -48,10 +48,11 @@ bool Avx512Widens(const PageLayout& layout) {
 bool FusedWidens(const PageLayout& layout) {
   switch (layout.dtype) {
     case DType::kF16:
+      return Avx512Widens(layout);
     case DType::kInt8:
     case DType::kInt4:
-    case DType::kFp8E4M3:
-      return Avx512Widens(layout);
+    case DType::kFp8E4M3:  // a head's metadata in one vector per key
+      return Avx512Widens(layout) && layout.head_dim <= 512;
     default:
       return false;
   }
@@ -64,18 +65,27 @@ bool FusedWidens(const PageLayout& layout) {
 
 namespace {
 
+// Zero points 0 <= zero < 2^8 in 32-bit lanes as the floats 2^23 + zero
+// (2^23's bits in the high bits), for Dequant.
+[[gnu::always_inline]] inline __m512 Biased(__m512i zero) {
+  return _mm512_castsi512_ps(
+      _mm512_or_si512(zero, _mm512_set1_epi32(0x4b000000)));
+}
+
 // float(code - zero) * scale for 16 codes in 32-bit lanes (DequantGroup's
-// operations, in its order).
-[[gnu::always_inline]] inline __m512 Dequant(__m512i codes, __m512i zero,
+// operations, in its order), `biased` = Biased(zero). code - zero without a
+// conversion (which only the FMA port runs, next to the dot products'
+// FMAs): (2^23 + code) - (2^23 + zero) is exact, +0 for equal ones: the
+// bits of float(code - zero).
+[[gnu::always_inline]] inline __m512 Dequant(__m512i codes, __m512 biased,
                                              __m512 scale) {
-  const __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(codes, zero));
-  return _mm512_mul_ps(v, scale);
+  return _mm512_mul_ps(_mm512_sub_ps(Biased(codes), biased), scale);
 }
 
 // int4: 32 elements from 16 bytes (element 2k in byte k's low nibble, 2k + 1
 // in its high one), dequantised into out[0] (elements 0-15) and out[1].
 [[gnu::always_inline]] inline void DequantInt4(const uint8_t* codes,
-                                               __m512i zero, __m512 scale,
+                                               __m512 zero, __m512 scale,
                                                __m512* out) {
   const __m128i nibble = _mm_set1_epi8(0x0f);
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
@@ -171,7 +181,7 @@ template <DType kType>
         _mm512_storeu_ps(out + i, DequantFp8(codes + j * gs + i, s));
       }
     } else {
-      const __m512i z = _mm512_permutexvar_epi32(lane, zeros);
+      const __m512 z = Biased(_mm512_permutexvar_epi32(lane, zeros));
       if constexpr (kType == DType::kInt8) {
         for (int32_t i = 0; i < gs; i += 16) {
           const __m128i b = _mm_loadu_si128(
@@ -213,8 +223,8 @@ template <DType kType>
       const int32_t at = i + 16 * h;
       const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(
           reinterpret_cast<const __m256i*>(scales + 2 * at)));
-      const __m512i z = _mm512_cvtepu8_epi32(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(zeros + at)));
+      const __m512 z = Biased(_mm512_cvtepu8_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(zeros + at))));
       _mm512_storeu_ps(dst + at, Dequant(_mm512_cvtepu8_epi32(part[h]), z, s));
     }
   }
@@ -297,10 +307,17 @@ struct HalfPrefetch {
   }
 };
 
-struct Bf16Load : HalfPrefetch {  // the 16 bits: the high half of a float
+// The 16 bits: the high half of a float. One word permute (word k to word
+// 2k + 1, zeros between) rather than a widening and a shift, which only the
+// FMA port runs.
+struct Bf16Load : HalfPrefetch {
   static constexpr int kStep = 16;
   [[gnu::always_inline]] void operator()(int32_t t, int32_t i, Vec* k) const {
-    *k = (Vec)_mm512_slli_epi32(_mm512_cvtepu16_epi32(Bits(t, i)), 16);
+    const __m512i to_high =
+        _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0,
+                         7, 0, 6, 0, 5, 0, 4, 0, 3, 0, 2, 0, 1, 0, 0, 0);
+    *k = (Vec)_mm512_maskz_permutexvar_epi16(
+        0xaaaaaaaau, to_high, _mm512_castsi256_si512(Bits(t, i)));
   }
 };
 
@@ -311,36 +328,70 @@ struct F16Load : HalfPrefetch {  // WidenF16's conversion
   }
 };
 
+// Per key of a run of keys, for each 32 elements of its kv head, the group
+// scale (fp8_e4m3: times 2^8) and zero point (Biased) as floats, for
+// QuantLoad's broadcasts: up to 16 chunks (head_dim <= 512).
+constexpr int32_t kMetaKeys = 64;
+struct GroupMeta {
+  alignas(64) float scale[kMetaKeys + 8][16];
+  alignas(64) float zero[kMetaKeys + 8][16];
+};
+
+template <DType kType>
+void FillMeta(const HeadGeometry& geo, const std::byte* const* rows,
+              int32_t count, GroupMeta* meta) {
+  const __mmask16 m = static_cast<__mmask16>((1u << geo.groups) - 1);
+  // Chunk c (elements 32c ..) is in group 32c / group_size.
+  alignas(64) int32_t group_of[16];
+  for (int32_t c = 0; c < 16; ++c) {
+    group_of[c] = std::min(c * 32 / geo.group_size, 15);
+  }
+  const __m512i chunk_group = _mm512_load_si512(group_of);
+  for (int32_t t = 0; t < count; ++t) {
+    const auto* rec = reinterpret_cast<const uint8_t*>(rows[t]);
+    __m512 s =
+        _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, rec + geo.scales_at));
+    if constexpr (kType == DType::kFp8E4M3) {
+      s = _mm512_mul_ps(s, _mm512_set1_ps(256.0f));
+    } else {
+      const __m512 z = Biased(
+          _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, rec + geo.zeros_at)));
+      _mm512_store_ps(meta->zero[t], _mm512_permutexvar_ps(chunk_group, z));
+    }
+    _mm512_store_ps(meta->scale[t], _mm512_permutexvar_ps(chunk_group, s));
+  }
+}
+
 // int8, int4, fp8_e4m3 records widened in registers, 32 elements (one
-// group, or part of one) at a time: WidenQuantized's operations on the
-// group's scale and zero point, broadcast from the record.
+// group, or part of one) at a time: WidenQuantized's operations, the
+// group's scale and zero point broadcast from `meta` (key t: meta row t,
+// chunk i / 32).
 template <DType kType>
 struct QuantLoad {
   static constexpr int kStep = 32;
   const std::byte* const* rows;
   HeadGeometry geo;
+  const GroupMeta* meta;
   void Prefetch(int32_t, int32_t) const {}  // RowLogits prefetches records
   [[gnu::always_inline]] void operator()(int32_t t, int32_t i, Vec* k) const {
     const auto* rec = reinterpret_cast<const uint8_t*>(rows[t]);
-    const int32_t j = i / geo.group_size;
-    uint16_t half;
-    std::memcpy(&half, rec + geo.scales_at + 2 * j, sizeof(half));
-    const __m512 scale = _mm512_cvtph_ps(_mm256_set1_epi16(half));
+    const int32_t j = i / 32;  // meta's chunk
+    const __m512 scale = _mm512_set1_ps(meta->scale[t][j]);
+    const uint8_t* codes = rec + geo.codes_at;
     __m512 v[2];
     if constexpr (kType == DType::kFp8E4M3) {
-      const __m512 s = _mm512_mul_ps(scale, _mm512_set1_ps(256.0f));
-      v[0] = DequantFp8(rec + geo.codes_at + i, s);
-      v[1] = DequantFp8(rec + geo.codes_at + i + 16, s);
+      v[0] = DequantFp8(codes + i, scale);
+      v[1] = DequantFp8(codes + i + 16, scale);
     } else {
-      const __m512i z = _mm512_set1_epi32(rec[geo.zeros_at + j]);
+      const __m512 z = _mm512_set1_ps(meta->zero[t][j]);
       if constexpr (kType == DType::kInt8) {
         for (int h = 0; h < 2; ++h) {
-          const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(
-              rec + geo.codes_at + i + 16 * h));
+          const __m128i b = _mm_loadu_si128(
+              reinterpret_cast<const __m128i*>(codes + i + 16 * h));
           v[h] = Dequant(_mm512_cvtepu8_epi32(b), z, scale);
         }
       } else {
-        DequantInt4(rec + geo.codes_at + i / 2, z, scale, v);
+        DequantInt4(codes + i / 2, z, scale, v);
       }
     }
     k[0] = (Vec)v[0];
@@ -419,6 +470,21 @@ void DotsWith(const float* q, int32_t heads, int32_t dp, const Load& load,
   }
 }
 
+// DotsWith over QuantLoad, kMetaKeys keys at a time (each run's metadata
+// first, its padding keys included).
+template <DType kType>
+void DotsQuantized(const float* q, int32_t heads, int32_t dp,
+                   const KeyRows& keys, int32_t count, float* dots, int64_t n) {
+  const HeadGeometry geo = GeometryOf(*keys.layout, keys.head);
+  GroupMeta meta;
+  for (int32_t t0 = 0; t0 < count; t0 += kMetaKeys) {
+    const int32_t run = std::min(kMetaKeys, count - t0);
+    FillMeta<kType>(geo, keys.rows + t0, (run + 7) / 8 * 8, &meta);
+    DotsWith(q, heads, dp, QuantLoad<kType>{keys.rows + t0, geo, &meta}, run,
+             dots + t0, n);
+  }
+}
+
 }  // namespace
 
 void DotsAvx512(const float* q, int32_t heads, int32_t dp, const KeyRows& keys,
@@ -434,20 +500,11 @@ void DotsAvx512(const float* q, int32_t heads, int32_t dp, const KeyRows& keys,
     case DType::kF16:
       return DotsWith(q, heads, dp, F16Load{{keys.rows}}, count, dots, n);
     case DType::kInt8:
-      return DotsWith(q, heads, dp,
-                      QuantLoad<DType::kInt8>{
-                          keys.rows, GeometryOf(*keys.layout, keys.head)},
-                      count, dots, n);
+      return DotsQuantized<DType::kInt8>(q, heads, dp, keys, count, dots, n);
     case DType::kInt4:
-      return DotsWith(q, heads, dp,
-                      QuantLoad<DType::kInt4>{
-                          keys.rows, GeometryOf(*keys.layout, keys.head)},
-                      count, dots, n);
+      return DotsQuantized<DType::kInt4>(q, heads, dp, keys, count, dots, n);
     case DType::kFp8E4M3:
-      return DotsWith(q, heads, dp,
-                      QuantLoad<DType::kFp8E4M3>{
-                          keys.rows, GeometryOf(*keys.layout, keys.head)},
-                      count, dots, n);
+      return DotsQuantized<DType::kFp8E4M3>(q, heads, dp, keys, count, dots, n);
     default:
       return;
   }

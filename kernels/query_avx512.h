@@ -56,7 +56,7 @@ struct KeyRows {
 
 // Whether DotsAvx512 widens this layout's keys in registers from the
 // pages (no tile): f16 with head_dim % 16 == 0; int8, int4 and fp8_e4m3
-// where Avx512Widens says so.
+// where Avx512Widens says so and head_dim <= 512.
 bool FusedWidens(const PageLayout& layout);
 
 // dots[j * n + t] = q[j] . key(t) for j < heads, t < count; q [heads][dp],

@@ -255,15 +255,16 @@ TEST_F(QueryAvx512Test, DotsMatchPlainSumsForEveryBlockShape) {
 
 // Keys widened in registers from the records (f16 rows, int8 / int4 / fp8
 // records) give the same dot products, bit for bit, as the same keys
-// widened into a tile first: every code of every format, a record that
-// reads as zeros, every block shape and partial blocks.
+// widened into a tile first: every code of every format, groups of one and
+// of several 32-element chunks, a record that reads as zeros, every block
+// shape and partial blocks.
 TEST_F(QueryAvx512Test, FusedWideningDotsAsTheTile) {
   std::mt19937 rng(9);
   std::normal_distribution<float> normal;
-  const PageLayout layouts[] = {{16, 3, 128, DType::kInt4, 32},
-                                {16, 2, 64, DType::kInt8, 32},
-                                {16, 2, 96, DType::kFp8E4M3, 32},
-                                {16, 2, 80, DType::kF16}};
+  const PageLayout layouts[] = {
+      {16, 3, 128, DType::kInt4, 32},   {16, 2, 128, DType::kInt8, 64},
+      {16, 1, 192, DType::kInt4, 96},   {16, 2, 64, DType::kInt8, 32},
+      {16, 2, 96, DType::kFp8E4M3, 32}, {16, 2, 80, DType::kF16}};
   for (const PageLayout& layout : layouts) {
     ASSERT_TRUE(FusedWidens(layout)) << DTypeName(layout.dtype);
     std::vector<std::vector<std::byte>> records;
