@@ -402,7 +402,8 @@ template <class Keys>
 }
 
 // ScoreGroup through kernels/query_avx512.h's register blocks (head_dim a
-// multiple of 16, so the query rows need no padding).
+// multiple of 16, so the query rows need no padding); visible == nullptr:
+// the tile's slots are all visible.
 [[gnu::always_inline]] inline void ScoreGroupAvx512(const RowArgs& a, int32_t g,
                                                     const KeyRows& keys,
                                                     const bool* visible,
@@ -413,6 +414,7 @@ template <class Keys>
   const int64_t h = int64_t{g} * a.group;
   float* dots = logits + h * n + s0;
   DotsAvx512(a.q_row + h * d, a.group, d, keys, count, dots, n);
+  if (visible == nullptr) return;
   for (int32_t t = 0; t < count; ++t) {
     if (visible[t]) continue;
     for (int32_t j = 0; j < a.group; ++j) {
@@ -475,7 +477,11 @@ template <class Keys>
         PrefetchRecords(records[(tile + 1) % 2], next, lay.token_bytes());
       }
     }
-    for (int32_t t = 0; t < count; ++t) visible[t] = now[t] != nullptr;
+    bool all_visible = true;
+    for (int32_t t = 0; t < count; ++t) {
+      visible[t] = now[t] != nullptr;
+      all_visible &= visible[t];
+    }
     for (int32_t g = 0; g < lay.kv_heads; ++g) {
       if (avx512_dots) {
         KeyRows rows{lay.dtype, head_key, nullptr, &lay, g};
@@ -485,7 +491,8 @@ template <class Keys>
           LoadTile(lay, a.keys->arena, now, count, g, dp, avx512, key_tile);
           rows.tile = key_tile;
         }
-        ScoreGroupAvx512(a, g, rows, visible, count, logits, s0);
+        ScoreGroupAvx512(a, g, rows, all_visible ? nullptr : visible, count,
+                         logits, s0);
       } else if (direct) {
         HeadKeys(now, count, int64_t{g} * d * DTypeBytes(lay.dtype), head_key);
         if (lay.dtype == DType::kF32) {
