@@ -486,7 +486,10 @@ template <class Keys>
       if (avx512_dots) {
         KeyRows rows{lay.dtype, head_key, nullptr, &lay, g};
         if (direct || fused) {
-          HeadKeys(now, count, g * head_bytes, head_key);
+          // Whole records (head_bytes 0) are the same for every kv head.
+          if (g == 0 || head_bytes != 0) {
+            HeadKeys(now, count, g * head_bytes, head_key);
+          }
         } else {
           LoadTile(lay, a.keys->arena, now, count, g, dp, avx512, key_tile);
           rows.tile = key_tile;
