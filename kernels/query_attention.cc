@@ -12,7 +12,7 @@
 //      [keys][dp] on the stack, dp = head_dim rounded up to 16 with zeros:
 //      each key is dequantised once and stays in L1 while every query head
 //      of its GQA group reads it; f32 and bf16 keys are read in place, and
-//      with AVX-512 so are f16, int8, int4 and fp8 keys (widened in
+//      with AVX-512 so are f16, int8, int4, fp8 and kivi_int4 keys (widened in
 //      registers as the dot products read them, the same floats: a key's
 //      GQA group is one register block, so it is still widened once);
 //   2. logits for blocks of (query heads x keys) in registers (AVX-512 and
@@ -484,7 +484,13 @@ template <class Keys>
     }
     for (int32_t g = 0; g < lay.kv_heads; ++g) {
       if (avx512_dots) {
-        KeyRows rows{lay.dtype, head_key, nullptr, &lay, g};
+        KeyRows rows{lay.dtype,
+                     head_key,
+                     nullptr,
+                     &lay,
+                     g,
+                     a.keys->arena,
+                     reinterpret_cast<const std::byte*>(kZeroKey)};
         if (direct || fused) {
           // Whole records (head_bytes 0) are the same for every kv head.
           if (g == 0 || head_bytes != 0) {

@@ -53,6 +53,8 @@ bool FusedWidens(const PageLayout& layout) {
     case DType::kInt4:
     case DType::kFp8E4M3:  // a head's metadata in one vector per key
       return Avx512Widens(layout) && layout.head_dim <= 512;
+    case DType::kKiviInt4:  // a page's channels in a stack table
+      return Avx512Widens(layout) && layout.head_dim <= 128;
     default:
       return false;
   }
@@ -83,18 +85,20 @@ namespace {
 }
 
 // int4: 32 elements from 16 bytes (element 2k in byte k's low nibble, 2k + 1
-// in its high one), dequantised into out[0] (elements 0-15) and out[1].
+// in its high one), dequantised into out[0] (elements 0-15, with zero[0]
+// and scale[0]) and out[1] (16-31, zero[1], scale[1]).
 [[gnu::always_inline]] inline void DequantInt4(const uint8_t* codes,
-                                               __m512 zero, __m512 scale,
+                                               const __m512* zero,
+                                               const __m512* scale,
                                                __m512* out) {
   const __m128i nibble = _mm_set1_epi8(0x0f);
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
   const __m128i lo = _mm_and_si128(b, nibble);
   const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), nibble);
-  out[0] =
-      Dequant(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)), zero, scale);
-  out[1] =
-      Dequant(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi)), zero, scale);
+  out[0] = Dequant(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)), zero[0],
+                   scale[0]);
+  out[1] = Dequant(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi)), zero[1],
+                   scale[1]);
 }
 
 // fp8_e4m3: 16 codes times `scale256` (the group's scale times 2^8). Code
@@ -191,13 +195,25 @@ template <DType kType>
       } else {
         for (int32_t i = 0; i < gs; i += 32) {
           __m512 v[2];
-          DequantInt4(codes + (j * gs + i) / 2, z, scale, v);
+          const __m512 zz[2] = {z, z}, ss[2] = {scale, scale};
+          DequantInt4(codes + (j * gs + i) / 2, zz, ss, v);
           _mm512_storeu_ps(out + i, v[0]);
           _mm512_storeu_ps(out + i + 16, v[1]);
         }
       }
     }
   }
+}
+
+// kivi_int4: a page's per-channel scales and zero points (Biased) of 16
+// channels from `c` of its key block as floats.
+[[gnu::always_inline]] inline void KiviChannels(const PageLayout& lay,
+                                                const uint8_t* block, int64_t c,
+                                                __m512* scale, __m512* zero) {
+  *scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+      block + lay.key_scales_offset() + 2 * c)));
+  *zero = Biased(_mm512_cvtepu8_epi32(_mm_loadu_si128(
+      reinterpret_cast<const __m128i*>(block + lay.key_zeros_offset() + c))));
 }
 
 // kivi_int4: `row` is slot's codes row in its page's key block (`block`);
@@ -208,25 +224,13 @@ template <DType kType>
                                              const uint8_t* row, int32_t head,
                                              float* dst) {
   const int64_t first = int64_t{head} * lay.head_dim;
-  const uint8_t* scales = block + lay.key_scales_offset() + 2 * first;
-  const uint8_t* zeros = block + lay.key_zeros_offset() + first;
-  const uint8_t* codes = row + first / 2;
-  const __m128i nibble = _mm_set1_epi8(0x0f);
   for (int32_t i = 0; i < lay.head_dim; i += 32) {
-    const __m128i b =
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i / 2));
-    const __m128i lo = _mm_and_si128(b, nibble);
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), nibble);
-    const __m128i part[2] = {_mm_unpacklo_epi8(lo, hi),
-                             _mm_unpackhi_epi8(lo, hi)};
-    for (int32_t h = 0; h < 2; ++h) {
-      const int32_t at = i + 16 * h;
-      const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(
-          reinterpret_cast<const __m256i*>(scales + 2 * at)));
-      const __m512 z = Biased(_mm512_cvtepu8_epi32(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(zeros + at))));
-      _mm512_storeu_ps(dst + at, Dequant(_mm512_cvtepu8_epi32(part[h]), z, s));
-    }
+    __m512 s[2], z[2], v[2];
+    KiviChannels(lay, block, first + i, &s[0], &z[0]);
+    KiviChannels(lay, block, first + i + 16, &s[1], &z[1]);
+    DequantInt4(row + (first + i) / 2, z, s, v);
+    _mm512_storeu_ps(dst + i, v[0]);
+    _mm512_storeu_ps(dst + i + 16, v[1]);
   }
 }
 
@@ -391,13 +395,96 @@ struct QuantLoad {
           v[h] = Dequant(_mm512_cvtepu8_epi32(b), z, scale);
         }
       } else {
-        DequantInt4(codes + i / 2, z, scale, v);
+        const __m512 zz[2] = {z, z}, ss[2] = {scale, scale};
+        DequantInt4(codes + i / 2, zz, ss, v);
       }
     }
     k[0] = (Vec)v[0];
     k[1] = (Vec)v[1];
   }
 };
+
+// kivi_int4 keys widened in registers: per run of keys, each distinct key
+// block's (page's) scales and zero points of kv head `head` as floats
+// (KiviChannels), slot 0 zeros for the rows that read as zeros; key t reads
+// its page's through slot[t].
+constexpr int32_t kKiviRun = 32;      // keys per run (whole 8s)
+constexpr int32_t kKiviSlots = 10;    // distinct pages per run, zeros too
+constexpr int32_t kKiviMaxDim = 128;  // head_dim the stack tables hold
+struct KiviMeta {
+  alignas(64) float scale[kKiviSlots][kKiviMaxDim];
+  alignas(64) float zero[kKiviSlots][kKiviMaxDim];
+  uint8_t slot[kKiviRun];
+};
+
+struct KiviLoad {
+  static constexpr int kStep = 32;
+  const std::byte* const* rows;
+  int64_t first;  // the kv head's first channel
+  const KiviMeta* meta;
+  void Prefetch(int32_t, int32_t) const {}  // RowLogits prefetches records
+  [[gnu::always_inline]] void operator()(int32_t t, int32_t i, Vec* k) const {
+    const int32_t m = meta->slot[t];
+    __m512 s[2], z[2], v[2];
+    for (int h = 0; h < 2; ++h) {
+      s[h] = _mm512_load_ps(meta->scale[m] + i + 16 * h);
+      z[h] = _mm512_load_ps(meta->zero[m] + i + 16 * h);
+    }
+    DequantInt4(reinterpret_cast<const uint8_t*>(rows[t]) + (first + i) / 2, z,
+                s, v);
+    k[0] = (Vec)v[0];
+    k[1] = (Vec)v[1];
+  }
+};
+
+// Keys from t0 into meta's slots, as many whole 8-key groups as fit (at
+// least one, up to kKiviRun keys); returns the keys taken. The keys up to
+// count rounded up to 8 must be readable (zeros or real ones).
+int32_t FillKiviMeta(const KeyRows& keys, int32_t t0, int32_t count,
+                     KiviMeta* meta) {
+  const PageLayout& lay = *keys.layout;
+  const int32_t d = lay.head_dim;
+  const int64_t first = int64_t{keys.head} * d;
+  const std::byte* block[kKiviSlots] = {nullptr};  // slot 0: zeros
+  std::fill_n(meta->scale[0], d, 0.0f);
+  std::fill_n(meta->zero[0], d, 8388608.0f);  // Biased(0) = 2^23
+  int32_t slots = 1, taken = 0;
+  while (taken < kKiviRun && t0 + taken < count) {
+    // The group's keys into slots, or no change at all if they do not fit.
+    int32_t trial = slots;
+    bool fits = true;
+    uint8_t slot[8];
+    for (int32_t t = 0; t < 8 && fits; ++t) {
+      const std::byte* row = keys.rows[t0 + taken + t];
+      const std::byte* b = nullptr;
+      if (row != keys.zeros) {
+        const int64_t page = (row - keys.arena) / lay.page_bytes();
+        b = keys.arena + page * lay.page_bytes();
+      }
+      int32_t m = 0;
+      while (m < trial && block[m] != b) ++m;
+      if (m == trial) {
+        fits = trial < kKiviSlots;
+        if (fits) block[trial++] = b;
+      }
+      slot[t] = static_cast<uint8_t>(m);
+    }
+    if (!fits) break;  // the run ends before this group
+    for (int32_t m = slots; m < trial; ++m) {
+      for (int32_t c = 0; c < d; c += 16) {
+        __m512 sv, zv;
+        KiviChannels(lay, reinterpret_cast<const uint8_t*>(block[m]), first + c,
+                     &sv, &zv);
+        _mm512_store_ps(meta->scale[m] + c, sv);
+        _mm512_store_ps(meta->zero[m] + c, zv);
+      }
+    }
+    slots = trial;
+    std::copy_n(slot, 8, meta->slot + taken);
+    taken += 8;
+  }
+  return taken;
+}
 
 // out[j * kKeys + t] = q[j] . key(t0 + t) for kHeads rows of q [..][dp]:
 // kHeads * kKeys accumulators (8 or 16), each key vector loaded once for the
@@ -485,6 +572,21 @@ void DotsQuantized(const float* q, int32_t heads, int32_t dp,
   }
 }
 
+// DotsWith over KiviLoad, a run of keys at a time.
+void DotsKivi(const float* q, int32_t heads, int32_t dp, const KeyRows& keys,
+              int32_t count, float* dots, int64_t n) {
+  KiviMeta meta;
+  for (int32_t t0 = 0; t0 < count;) {
+    const int32_t taken = FillKiviMeta(keys, t0, count, &meta);
+    const int32_t run = std::min(taken, count - t0);
+    DotsWith(q, heads, dp,
+             KiviLoad{keys.rows + t0,
+                      int64_t{keys.head} * keys.layout->head_dim, &meta},
+             run, dots + t0, n);
+    t0 += taken;
+  }
+}
+
 }  // namespace
 
 void DotsAvx512(const float* q, int32_t heads, int32_t dp, const KeyRows& keys,
@@ -505,6 +607,8 @@ void DotsAvx512(const float* q, int32_t heads, int32_t dp, const KeyRows& keys,
       return DotsQuantized<DType::kInt4>(q, heads, dp, keys, count, dots, n);
     case DType::kFp8E4M3:
       return DotsQuantized<DType::kFp8E4M3>(q, heads, dp, keys, count, dots, n);
+    case DType::kKiviInt4:
+      return DotsKivi(q, heads, dp, keys, count, dots, n);
     default:
       return;
   }

@@ -43,20 +43,25 @@ void WidenTileAvx512(const PageLayout& layout, const std::byte* arena,
 // widened in registers (the same floats WidenTileAvx512 gives):
 //   f32, bf16, f16: rows[t] = kv head `head`'s first element of key t;
 //   int8, int4, fp8_e4m3 (FusedWidens): rows[t] = key t's whole token
-//     record, read through `layout`'s geometry for kv head `head`.
+//     record, read through `layout`'s geometry for kv head `head`;
+//   kivi_int4 (FusedWidens): rows[t] = key t's codes row in its page's key
+//     block, a page of `arena`, or `zeros`.
 // A key that must read as zeros points at zero bytes (for a record: at
-// least layout->token_bytes() of them).
+// least layout->token_bytes() of them; kivi_int4: at `zeros`).
 struct KeyRows {
   DType kind = DType::kF32;
   const std::byte* const* rows = nullptr;
   const float* tile = nullptr;
-  const PageLayout* layout = nullptr;  // int8, int4, fp8_e4m3 rows
+  const PageLayout* layout = nullptr;  // int8, int4, fp8_e4m3, kivi_int4
   int32_t head = 0;
+  const std::byte* arena = nullptr;  // kivi_int4: the pages
+  const std::byte* zeros = nullptr;  // kivi_int4: rows that read as zeros
 };
 
 // Whether DotsAvx512 widens this layout's keys in registers from the
 // pages (no tile): f16 with head_dim % 16 == 0; int8, int4 and fp8_e4m3
-// where Avx512Widens says so and head_dim <= 512.
+// where Avx512Widens says so and head_dim <= 512; kivi_int4 where it does
+// and head_dim <= 128.
 bool FusedWidens(const PageLayout& layout);
 
 // dots[j * n + t] = q[j] . key(t) for j < heads, t < count; q [heads][dp],

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -323,7 +324,84 @@ TEST_F(QueryAvx512Test, FusedWideningDotsAsTheTile) {
     }
   }
   EXPECT_FALSE(FusedWidens(PageLayout{16, 2, 64, DType::kBF16}));
-  EXPECT_FALSE(FusedWidens(PageLayout{16, 2, 64, DType::kKiviInt4, 32}));
+  EXPECT_FALSE(FusedWidens(PageLayout{16, 2, 256, DType::kKiviInt4, 32}));
+}
+
+// kivi_int4 keys widened in registers (each page's channels in a table)
+// give the same dot products, bit for bit, as the same keys widened into a
+// tile: pages of 1 token (a run meets more pages than its table holds) and
+// of 3, slots in shuffled order, rows that read as zeros among them.
+TEST_F(QueryAvx512Test, FusedKiviDotsAsTheTile) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  for (int32_t page_tokens : {1, 3}) {
+    const PageLayout layout{page_tokens, 2, 64, DType::kKiviInt4, 32};
+    ASSERT_TRUE(FusedWidens(layout));
+    constexpr int32_t kSlots = 45;
+    const int32_t pages = (kSlots + page_tokens - 1) / page_tokens;
+    std::vector<std::byte> arena(pages * layout.page_bytes());
+    auto* base = reinterpret_cast<uint8_t*>(arena.data());
+    const int64_t channels = layout.token_elements();
+    for (int32_t p = 0; p < pages; ++p) {
+      uint8_t* block = base + p * layout.page_bytes();
+      for (int32_t t = 0; t < page_tokens; ++t) {
+        for (int64_t c = 0; c < channels; c += 2) {
+          block[t * layout.code_bytes() + c / 2] =
+              static_cast<uint8_t>(rng() & 0xff);
+        }
+      }
+      for (int64_t c = 0; c < channels; ++c) {
+        const uint16_t sc = kScales[(c + p) % std::size(kScales)];
+        block[layout.key_scales_offset() + 2 * c] =
+            static_cast<uint8_t>(sc & 0xff);
+        block[layout.key_scales_offset() + 2 * c + 1] =
+            static_cast<uint8_t>(sc >> 8);
+        block[layout.key_zeros_offset() + c] =
+            static_cast<uint8_t>((c * 5 + p) % 16);
+      }
+    }
+    std::vector<int32_t> order(kSlots);
+    for (int32_t t = 0; t < kSlots; ++t) order[t] = t;
+    std::shuffle(order.begin(), order.end(), rng);
+    const std::vector<std::byte> zeros(layout.token_bytes());
+    std::vector<const std::byte*> recs, rows;
+    for (int32_t t = 0; t < kSlots; ++t) {
+      const int32_t s = order[t];
+      recs.push_back(t % 7 == 3
+                         ? nullptr
+                         : arena.data() + layout.key_offset(s / page_tokens,
+                                                            s % page_tokens));
+    }
+    const int32_t padded = (kSlots + 7) / 8 * 8;
+    for (int32_t t = 0; t < padded; ++t) {
+      rows.push_back(t < kSlots && recs[t] != nullptr ? recs[t] : zeros.data());
+    }
+    const int32_t d = layout.head_dim;
+    for (int32_t heads : {1, 4, 6}) {
+      std::vector<float> q(heads * d);
+      for (float& x : q) x = normal(rng);
+      for (int32_t head = 0; head < layout.kv_heads; ++head) {
+        std::vector<float> tile(int64_t{padded} * d, 0.0f);
+        WidenTileAvx512(layout, arena.data(), recs.data(), kSlots, head, d,
+                        tile.data());
+        const int64_t n = kSlots + 2;
+        std::vector<float> from_tile(heads * n, -1.0f);
+        std::vector<float> fused(heads * n, -1.0f);
+        DotsAvx512(q.data(), heads, d,
+                   KeyRows{layout.dtype, nullptr, tile.data()}, kSlots,
+                   from_tile.data(), n);
+        DotsAvx512(q.data(), heads, d,
+                   KeyRows{layout.dtype, rows.data(), nullptr, &layout, head,
+                           arena.data(), zeros.data()},
+                   kSlots, fused.data(), n);
+        for (int64_t i = 0; i < heads * n; ++i) {
+          ASSERT_EQ(Bits(fused[i]), Bits(from_tile[i]))
+              << "pages of " << page_tokens << " heads " << heads << " head "
+              << head << " at " << i;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
