@@ -22,7 +22,8 @@
 //      sum per dot product), into scratch [query_heads][n];
 // then per query head the max, exp (fast_exp.h's polynomial, vectorised)
 // and the denominator in one pass, and the probabilities added into out,
-// heads in order. Stack: 48 KiB (key tile and padded query rows).
+// heads in order. Stack: 48 KiB (key tile and padded query rows), and
+// under 11 KiB more in the AVX-512 dots (quantised keys' scale tables).
 //
 // Arithmetic order: a dot product sums 16 lane-partials (element i goes to
 // lane i % 16), then folds them pairwise (lanes l and l + 8, then + 4, + 2,
