@@ -11,8 +11,10 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/kivi.h"
 #include "kernels/quantize.h"
 
@@ -254,6 +256,27 @@ TEST_F(QueryAvx512Test, DotsMatchPlainSumsForEveryBlockShape) {
   }
 }
 
+// DotsAvx512 of q [heads][d] against `count` keys read through `fused`
+// (in place) and through `tile` (the same keys widened first): the same
+// bits, and nothing written past the keys (rows n = count + 3 long).
+void ExpectFusedAsTile(const std::vector<float>& q, int32_t heads, int32_t d,
+                       const float* tile, const KeyRows& fused, int32_t count,
+                       const std::string& what) {
+  const int64_t n = count + 3;
+  std::vector<float> from_tile(heads * n, -1.0f);
+  std::vector<float> in_place(heads * n, -1.0f);
+  DotsAvx512(q.data(), heads, d, KeyRows{fused.kind, nullptr, tile}, count,
+             from_tile.data(), n);
+  DotsAvx512(q.data(), heads, d, fused, count, in_place.data(), n);
+  for (int64_t i = 0; i < heads * n; ++i) {
+    ASSERT_EQ(Bits(in_place[i]), Bits(from_tile[i]))
+        << what << " heads " << heads << " at " << i;
+    if (i % n >= count) {
+      ASSERT_EQ(in_place[i], -1.0f) << what << " " << i;
+    }
+  }
+}
+
 // Keys widened in registers from the records (f16 rows, int8 / int4 / fp8
 // records) give the same dot products, bit for bit, as the same keys
 // widened into a tile first: every code of every format, groups of one and
@@ -306,20 +329,10 @@ TEST_F(QueryAvx512Test, FusedWideningDotsAsTheTile) {
           rows.push_back(t < count && recs[t] != nullptr ? recs[t] + offset
                                                          : zeros.data());
         }
-        const int64_t n = count + 3;
-        std::vector<float> from_tile(heads * n, -1.0f);
-        std::vector<float> fused(heads * n, -1.0f);
-        DotsAvx512(q.data(), heads, d,
-                   KeyRows{layout.dtype, nullptr, tile.data()}, count,
-                   from_tile.data(), n);
-        DotsAvx512(q.data(), heads, d,
-                   KeyRows{layout.dtype, rows.data(), nullptr, &layout, head},
-                   count, fused.data(), n);
-        for (int64_t i = 0; i < heads * n; ++i) {
-          ASSERT_EQ(Bits(fused[i]), Bits(from_tile[i]))
-              << DTypeName(layout.dtype) << " heads " << heads << " head "
-              << head << " at " << i;
-        }
+        ExpectFusedAsTile(
+            q, heads, d, tile.data(),
+            KeyRows{layout.dtype, rows.data(), nullptr, &layout, head}, count,
+            absl::StrCat(std::string(DTypeName(layout.dtype)), " head ", head));
       }
     }
   }
@@ -384,21 +397,11 @@ TEST_F(QueryAvx512Test, FusedKiviDotsAsTheTile) {
         std::vector<float> tile(int64_t{padded} * d, 0.0f);
         WidenTileAvx512(layout, arena.data(), recs.data(), kSlots, head, d,
                         tile.data());
-        const int64_t n = kSlots + 2;
-        std::vector<float> from_tile(heads * n, -1.0f);
-        std::vector<float> fused(heads * n, -1.0f);
-        DotsAvx512(q.data(), heads, d,
-                   KeyRows{layout.dtype, nullptr, tile.data()}, kSlots,
-                   from_tile.data(), n);
-        DotsAvx512(q.data(), heads, d,
-                   KeyRows{layout.dtype, rows.data(), nullptr, &layout, head,
-                           arena.data(), zeros.data()},
-                   kSlots, fused.data(), n);
-        for (int64_t i = 0; i < heads * n; ++i) {
-          ASSERT_EQ(Bits(fused[i]), Bits(from_tile[i]))
-              << "pages of " << page_tokens << " heads " << heads << " head "
-              << head << " at " << i;
-        }
+        ExpectFusedAsTile(
+            q, heads, d, tile.data(),
+            KeyRows{layout.dtype, rows.data(), nullptr, &layout, head,
+                    arena.data(), zeros.data()},
+            kSlots, absl::StrCat("pages of ", page_tokens, " head ", head));
       }
     }
   }
