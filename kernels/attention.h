@@ -47,8 +47,8 @@ struct PagedKeys {
 //   out: [rows][slots] (overwritten)
 //   scratch: at least query_heads * slots + head_dim floats
 // query_heads must be a multiple of layout.kv_heads (GQA group size).
-// Implemented in kernels/query_attention.cc (blocked, vectorised; 48 KiB of
-// stack; key loads and dot products in AVX-512 intrinsics where the CPU has
+// Implemented in kernels/query_attention.cc (blocked, vectorised; 48-59 KiB
+// of stack; key loads and dot products in AVX-512 intrinsics where the CPU has
 // them, kernels/query_avx512.cc); exp is kernels/fast_exp.h's polynomial
 // (within 8.6e-8 relative), the keys are widened bit-identically to WidenHead,
 // and the result is within 1e-5 relative of the exact one

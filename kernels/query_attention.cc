@@ -11,7 +11,10 @@
 //      query_avx512.cc, otherwise WidenKey / WidenHead) into a float tile
 //      [keys][dp] on the stack, dp = head_dim rounded up to 16 with zeros:
 //      each key is dequantised once and stays in L1 while every query head
-//      of its GQA group reads it; f32 and bf16 keys are read in place;
+//      of its GQA group reads it; f32 and bf16 keys are read in place, and
+//      with AVX-512 so are f16, int8, int4, fp8 and kivi_int4 keys (widened in
+//      registers as the dot products read them, the same floats: a key's
+//      GQA group is one register block, so it is still widened once);
 //   2. logits for blocks of (query heads x keys) in registers (AVX-512 and
 //      head_dim % 16 == 0: 4 x 4 blocks, 16 accumulators, the next block's
 //      keys prefetched; otherwise 4 x 2, 2 x 4 or 1 x 8), folded into the
@@ -19,7 +22,8 @@
 //      sum per dot product), into scratch [query_heads][n];
 // then per query head the max, exp (fast_exp.h's polynomial, vectorised)
 // and the denominator in one pass, and the probabilities added into out,
-// heads in order. Stack: 48 KiB (key tile and padded query rows).
+// heads in order. Stack: 48 KiB (key tile and padded query rows), and
+// under 11 KiB more in the AVX-512 dots (quantised keys' scale tables).
 //
 // Arithmetic order: a dot product sums 16 lane-partials (element i goes to
 // lane i % 16), then folds them pairwise (lanes l and l + 8, then + 4, + 2,
@@ -399,7 +403,8 @@ template <class Keys>
 }
 
 // ScoreGroup through kernels/query_avx512.h's register blocks (head_dim a
-// multiple of 16, so the query rows need no padding).
+// multiple of 16, so the query rows need no padding); visible == nullptr:
+// the tile's slots are all visible.
 [[gnu::always_inline]] inline void ScoreGroupAvx512(const RowArgs& a, int32_t g,
                                                     const KeyRows& keys,
                                                     const bool* visible,
@@ -410,6 +415,7 @@ template <class Keys>
   const int64_t h = int64_t{g} * a.group;
   float* dots = logits + h * n + s0;
   DotsAvx512(a.q_row + h * d, a.group, d, keys, count, dots, n);
+  if (visible == nullptr) return;
   for (int32_t t = 0; t < count; ++t) {
     if (visible[t]) continue;
     for (int32_t j = 0; j < a.group; ++j) {
@@ -447,6 +453,16 @@ template <class Keys>
   // Dot products in AVX-512 register blocks (4 query heads x 4 keys) for
   // every dtype when the rows need no padding.
   const bool avx512_dots = d == dp && CpuHasAvx512();
+  // ...reading f16, int8, int4 and fp8 keys in place too, widened in
+  // registers (kernels/query_avx512.h): no tile written and read back. A
+  // record padding key reads kZeroKey from its start, so it must cover one.
+  const bool fused =
+      avx512_dots && FusedWidens(lay) &&
+      (lay.dtype == DType::kF16 ||
+       lay.token_bytes() <= static_cast<int64_t>(sizeof(kZeroKey)));
+  // Where kv head g's part starts in a record (0: the loader finds it).
+  const int64_t head_bytes =
+      IsQuantized(lay.dtype) ? 0 : int64_t{d} * DTypeBytes(lay.dtype);
   bool visible[kMaxTileKeys];
   TileRecords(a, 0, static_cast<int32_t>(std::min<int64_t>(tile_keys, n)),
               records[0]);
@@ -462,17 +478,31 @@ template <class Keys>
         PrefetchRecords(records[(tile + 1) % 2], next, lay.token_bytes());
       }
     }
-    for (int32_t t = 0; t < count; ++t) visible[t] = now[t] != nullptr;
+    bool all_visible = true;
+    for (int32_t t = 0; t < count; ++t) {
+      visible[t] = now[t] != nullptr;
+      all_visible &= visible[t];
+    }
     for (int32_t g = 0; g < lay.kv_heads; ++g) {
       if (avx512_dots) {
-        KeyRows rows{lay.dtype, head_key, key_tile};
-        if (direct) {
-          HeadKeys(now, count, int64_t{g} * d * DTypeBytes(lay.dtype),
-                   head_key);
+        KeyRows rows{lay.dtype,
+                     head_key,
+                     nullptr,
+                     &lay,
+                     g,
+                     a.keys->arena,
+                     reinterpret_cast<const std::byte*>(kZeroKey)};
+        if (direct || fused) {
+          // Whole records (head_bytes 0) are the same for every kv head.
+          if (g == 0 || head_bytes != 0) {
+            HeadKeys(now, count, g * head_bytes, head_key);
+          }
         } else {
           LoadTile(lay, a.keys->arena, now, count, g, dp, avx512, key_tile);
+          rows.tile = key_tile;
         }
-        ScoreGroupAvx512(a, g, rows, visible, count, logits, s0);
+        ScoreGroupAvx512(a, g, rows, all_visible ? nullptr : visible, count,
+                         logits, s0);
       } else if (direct) {
         HeadKeys(now, count, int64_t{g} * d * DTypeBytes(lay.dtype), head_key);
         if (lay.dtype == DType::kF32) {

@@ -6,12 +6,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/kivi.h"
 #include "kernels/quantize.h"
 
@@ -248,6 +251,157 @@ TEST_F(QueryAvx512Test, DotsMatchPlainSumsForEveryBlockShape) {
           mag += std::fabs(double(q[j * kDim + i]) * keys[t * kDim + i]);
         }
         ASSERT_NEAR(got, want, 1e-6 * mag) << "head " << j << " key " << t;
+      }
+    }
+  }
+}
+
+// DotsAvx512 of q [heads][d] against `count` keys read through `fused`
+// (in place) and through `tile` (the same keys widened first): the same
+// bits, and nothing written past the keys (rows n = count + 3 long).
+void ExpectFusedAsTile(const std::vector<float>& q, int32_t heads, int32_t d,
+                       const float* tile, const KeyRows& fused, int32_t count,
+                       const std::string& what) {
+  const int64_t n = count + 3;
+  std::vector<float> from_tile(heads * n, -1.0f);
+  std::vector<float> in_place(heads * n, -1.0f);
+  DotsAvx512(q.data(), heads, d, KeyRows{fused.kind, nullptr, tile}, count,
+             from_tile.data(), n);
+  DotsAvx512(q.data(), heads, d, fused, count, in_place.data(), n);
+  for (int64_t i = 0; i < heads * n; ++i) {
+    ASSERT_EQ(Bits(in_place[i]), Bits(from_tile[i]))
+        << what << " heads " << heads << " at " << i;
+    if (i % n >= count) {
+      ASSERT_EQ(in_place[i], -1.0f) << what << " " << i;
+    }
+  }
+}
+
+// Keys widened in registers from the records (f16 rows, int8 / int4 / fp8
+// records) give the same dot products, bit for bit, as the same keys
+// widened into a tile first: every code of every format, groups of one and
+// of several 32-element chunks, a record that reads as zeros, every block
+// shape and partial blocks.
+TEST_F(QueryAvx512Test, FusedWideningDotsAsTheTile) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal;
+  const PageLayout layouts[] = {
+      {16, 3, 128, DType::kInt4, 32},   {16, 2, 128, DType::kInt8, 64},
+      {16, 1, 192, DType::kInt4, 96},   {16, 2, 64, DType::kInt8, 32},
+      {16, 2, 96, DType::kFp8E4M3, 32}, {16, 2, 80, DType::kF16}};
+  for (const PageLayout& layout : layouts) {
+    ASSERT_TRUE(FusedWidens(layout)) << DTypeName(layout.dtype);
+    std::vector<std::vector<std::byte>> records;
+    if (layout.dtype == DType::kF16) {
+      for (int32_t r = 0; r < 21; ++r) {  // finite halves of every exponent
+        std::vector<std::byte> rec(layout.token_bytes());
+        for (int64_t e = 0; e < layout.token_elements(); ++e) {
+          const uint16_t h = static_cast<uint16_t>(
+              (e * 131 + r * 977) % 0x7c00 | (e % 3 == 0 ? 0x8000 : 0));
+          std::memcpy(rec.data() + 2 * e, &h, 2);
+        }
+        records.push_back(std::move(rec));
+      }
+    } else {
+      records = EveryCode(layout);
+    }
+    const std::vector<std::byte> zeros(layout.token_bytes());
+    const int32_t d = layout.head_dim;
+    const bool whole = IsQuantized(layout.dtype);  // rows: whole records
+    for (int32_t heads : {1, 2, 4, 7}) {
+      std::vector<float> q(heads * d);
+      for (float& x : q) x = normal(rng) * 1e-3f;
+      for (int32_t head = 0; head < layout.kv_heads; ++head) {
+        // Keys: the records, a zero one in the middle, then zero padding up
+        // to the next multiple of 8.
+        std::vector<const std::byte*> rows;
+        std::vector<const std::byte*> recs;
+        for (size_t r = 0; r < records.size(); ++r) {
+          recs.push_back(r == 5 ? nullptr : records[r].data());
+        }
+        const int32_t count = static_cast<int32_t>(recs.size());
+        const int32_t padded = (count + 7) / 8 * 8;
+        std::vector<float> tile(int64_t{padded} * d, 0.0f);
+        WidenTileAvx512(layout, nullptr, recs.data(), count, head, d,
+                        tile.data());
+        const int64_t offset = whole ? 0 : int64_t{head} * d * 2;
+        for (int32_t t = 0; t < padded; ++t) {
+          rows.push_back(t < count && recs[t] != nullptr ? recs[t] + offset
+                                                         : zeros.data());
+        }
+        ExpectFusedAsTile(
+            q, heads, d, tile.data(),
+            KeyRows{layout.dtype, rows.data(), nullptr, &layout, head}, count,
+            absl::StrCat(std::string(DTypeName(layout.dtype)), " head ", head));
+      }
+    }
+  }
+  EXPECT_FALSE(FusedWidens(PageLayout{16, 2, 64, DType::kBF16}));
+  EXPECT_FALSE(FusedWidens(PageLayout{16, 2, 256, DType::kKiviInt4, 32}));
+}
+
+// kivi_int4 keys widened in registers (each page's channels in a table)
+// give the same dot products, bit for bit, as the same keys widened into a
+// tile: pages of 1 token (a run meets more pages than its table holds) and
+// of 3, slots in shuffled order, rows that read as zeros among them.
+TEST_F(QueryAvx512Test, FusedKiviDotsAsTheTile) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  for (int32_t page_tokens : {1, 3}) {
+    const PageLayout layout{page_tokens, 2, 64, DType::kKiviInt4, 32};
+    ASSERT_TRUE(FusedWidens(layout));
+    constexpr int32_t kSlots = 45;
+    const int32_t pages = (kSlots + page_tokens - 1) / page_tokens;
+    std::vector<std::byte> arena(pages * layout.page_bytes());
+    auto* base = reinterpret_cast<uint8_t*>(arena.data());
+    const int64_t channels = layout.token_elements();
+    for (int32_t p = 0; p < pages; ++p) {
+      uint8_t* block = base + p * layout.page_bytes();
+      for (int32_t t = 0; t < page_tokens; ++t) {
+        for (int64_t c = 0; c < channels; c += 2) {
+          block[t * layout.code_bytes() + c / 2] =
+              static_cast<uint8_t>(rng() & 0xff);
+        }
+      }
+      for (int64_t c = 0; c < channels; ++c) {
+        const uint16_t sc = kScales[(c + p) % std::size(kScales)];
+        block[layout.key_scales_offset() + 2 * c] =
+            static_cast<uint8_t>(sc & 0xff);
+        block[layout.key_scales_offset() + 2 * c + 1] =
+            static_cast<uint8_t>(sc >> 8);
+        block[layout.key_zeros_offset() + c] =
+            static_cast<uint8_t>((c * 5 + p) % 16);
+      }
+    }
+    std::vector<int32_t> order(kSlots);
+    for (int32_t t = 0; t < kSlots; ++t) order[t] = t;
+    std::shuffle(order.begin(), order.end(), rng);
+    const std::vector<std::byte> zeros(layout.token_bytes());
+    std::vector<const std::byte*> recs, rows;
+    for (int32_t t = 0; t < kSlots; ++t) {
+      const int32_t s = order[t];
+      recs.push_back(t % 7 == 3
+                         ? nullptr
+                         : arena.data() + layout.key_offset(s / page_tokens,
+                                                            s % page_tokens));
+    }
+    const int32_t padded = (kSlots + 7) / 8 * 8;
+    for (int32_t t = 0; t < padded; ++t) {
+      rows.push_back(t < kSlots && recs[t] != nullptr ? recs[t] : zeros.data());
+    }
+    const int32_t d = layout.head_dim;
+    for (int32_t heads : {1, 4, 6}) {
+      std::vector<float> q(heads * d);
+      for (float& x : q) x = normal(rng);
+      for (int32_t head = 0; head < layout.kv_heads; ++head) {
+        std::vector<float> tile(int64_t{padded} * d, 0.0f);
+        WidenTileAvx512(layout, arena.data(), recs.data(), kSlots, head, d,
+                        tile.data());
+        ExpectFusedAsTile(
+            q, heads, d, tile.data(),
+            KeyRows{layout.dtype, rows.data(), nullptr, &layout, head,
+                    arena.data(), zeros.data()},
+            kSlots, absl::StrCat("pages of ", page_tokens, " head ", head));
       }
     }
   }
