@@ -176,7 +176,9 @@ class CacheStore {
   // pool's host arena, so a sender reads them in place (they cannot change
   // until FinishTransfer). NOT_FOUND; FAILED_PRECONDITION if the session is
   // not frozen or its pool is not in host memory (read with ReadSlots then);
-  // OUT_OF_RANGE past the layer's resident slots.
+  // OUT_OF_RANGE past the layer's resident slots. kivi_int4: the keys are
+  // the whole key blocks of the pages touched, so `first` must start a page
+  // (INVALID_ARGUMENT otherwise).
   absl::StatusOr<SlotSpans> FrozenSlotSpans(SessionId id, int32_t layer,
                                             int64_t first, int64_t n);
 
@@ -189,9 +191,10 @@ class CacheStore {
   class PendingImport {
    public:
     SessionId id() const { return snapshot_.id; }
-    // The next `keys.size() / token bytes` slots of `layer`:
+    // The next `values.size() / token bytes` slots of `layer`:
     // INVALID_ARGUMENT out of order, past the layer's slots, or with
-    // mismatched sizes.
+    // mismatched sizes (kivi_int4: keys are the key blocks of the pages
+    // written, and every write but a layer's last ends on a page's end).
     absl::Status Write(int32_t layer, std::span<const std::byte> keys,
                        std::span<const std::byte> values);
     bool complete() const;
@@ -216,8 +219,10 @@ class CacheStore {
   absl::StatusOr<std::unique_ptr<PendingImport>> PrepareImport(
       SessionSnapshot snapshot);
   // ALREADY_EXISTS if the id was taken meanwhile; FAILED_PRECONDITION if a
-  // layer's bytes are missing; RESOURCE_EXHAUSTED past max_sessions or the
-  // tenant's session limit. On any failure the reservation is freed.
+  // layer's bytes are missing; INVALID_ARGUMENT if a kivi_int4 open page's
+  // key block does not match its staging (Session::CheckKiviStaging);
+  // RESOURCE_EXHAUSTED past max_sessions or the tenant's session limit. On any
+  // failure the reservation is freed.
   absl::StatusOr<SessionId> CommitImport(
       std::unique_ptr<PendingImport> pending);
 

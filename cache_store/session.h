@@ -76,9 +76,15 @@ class Session {
   // Writes the keys and values of slots [first, first + n) of `layer`
   // ([n][kv_heads][head_dim] each, the layout's dtype). INVALID_ARGUMENT for
   // a layer or slot range outside the resident tokens or mismatched sizes.
+  // kivi_int4: `first` is a page's first slot and keys are the key blocks
+  // of the ceil(n / page_tokens) pages written (session_snapshot.h).
   absl::Status WriteSlots(int32_t layer, int64_t first,
                           std::span<const std::byte> keys,
                           std::span<const std::byte> values);
+  // kivi_int4, once a restored session's bytes are written: INVALID_ARGUMENT
+  // unless every open page's key block is what its staging quantises to
+  // (a snapshot's blocks and staging belong together). OK for other layouts.
+  absl::Status CheckKiviStaging() const;
   ~Session();  // lets go of every page (shared ones stay with the others)
 
   // A new session `child` at this session's current state (tokens, slots,
@@ -311,6 +317,12 @@ class Session {
   // that `plan` keeps, quantised with their pages into batch_.
   void AppendKiviKeys(size_t l, const AppendPlan& plan, const LayerKv& kv,
                       int64_t n);
+  // Layer `index`'s key blocks and values into `out` (Snapshot).
+  void SnapshotKivi(int32_t index, LayerSnapshot& out) const;
+  // WriteSlots of a kivi_int4 layer (its layer index is checked).
+  absl::Status WriteKiviSlots(int32_t index, int64_t first,
+                              std::span<const std::byte> keys,
+                              std::span<const std::byte> values);
   std::vector<PageId> new_pages_;
   AppendQuantizer quantizer_;  // quantised layouts: records of each append
   // kivi_int4 layouts: the keys, per channel by page (null otherwise).

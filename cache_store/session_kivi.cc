@@ -1,10 +1,13 @@
 // Session's kivi_int4 parts (cache_store/kivi_keys.h): the appended keys
-// quantised with their pages, dequantised reads, and the policies the layout
-// takes.
+// quantised with their pages, dequantised reads, snapshots (key blocks as
+// stored, and the staging), and the policies the layout takes.
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "cache_store/session.h"
+#include "kernels/kivi.h"
 #include "kernels/quantize.h"
 
 namespace kvkeep {
@@ -46,6 +49,86 @@ absl::StatusOr<LayerKvCopy> Session::ReadKiviLayerAs(int32_t index,
               out.keys.data());
   DequantizeTokens(page_layout_, records.data(), n, dtype, out.values.data());
   return out;
+}
+
+void Session::SnapshotKivi(int32_t index, LayerSnapshot& out) const {
+  const Layer& layer = layers_[index];
+  const int64_t n = layer.size();
+  const std::byte* arena = pool_->memory().host_data();
+  const int64_t block_bytes = page_layout_.key_block_bytes();
+  const int64_t blocks =
+      (n + page_layout_.page_tokens - 1) / page_layout_.page_tokens;
+  out.keys.resize(static_cast<size_t>(blocks * block_bytes));
+  for (int64_t b = 0; b < blocks; ++b) {
+    std::memcpy(out.keys.data() + b * block_bytes,
+                arena + int64_t{layer.pages[b]} * page_layout_.page_bytes(),
+                static_cast<size_t>(block_bytes));
+  }
+  out.values.resize(static_cast<size_t>(n * page_layout_.token_bytes()));
+  // The host backend copies a kivi_int4 page's values only (its keys are
+  // the blocks above), so no key buffer is read or written.
+  DeviceCheck(pool_->memory().ReadSlots(page_layout_, layer.pages, 0, n,
+                                        nullptr, out.values.data()))
+      .IgnoreError();
+}
+
+absl::Status Session::WriteKiviSlots(int32_t index, int64_t first,
+                                     std::span<const std::byte> keys,
+                                     std::span<const std::byte> values) {
+  Layer& layer = layers_[index];
+  const int32_t p = page_layout_.page_tokens;
+  const int64_t token_bytes = page_layout_.token_bytes();
+  const int64_t block_bytes = page_layout_.key_block_bytes();
+  const int64_t n = static_cast<int64_t>(values.size()) / token_bytes;
+  const int64_t blocks = (n + p - 1) / p;
+  if (static_cast<int64_t>(values.size()) != n * token_bytes || first < 0 ||
+      first % p != 0 || first + n > layer.size() ||
+      ((first + n) % p != 0 && first + n != layer.size()) ||
+      static_cast<int64_t>(keys.size()) != blocks * block_bytes) {
+    return absl::InvalidArgumentError(SessionMessage(
+        id_, "layer ", index, ": ", keys.size(), " key and ", values.size(),
+        " value bytes at slot ", first,
+        " are not whole kivi_int4 pages of its ", layer.size(), " slots (",
+        block_bytes, " key block bytes and ", token_bytes,
+        " bytes a token, from a page's first slot to a page's end or the "
+        "layer's)"));
+  }
+  std::byte* arena = pool_->memory().host_data();
+  for (int64_t b = 0; b < blocks; ++b) {
+    std::memcpy(
+        arena + int64_t{layer.pages[first / p + b]} * page_layout_.page_bytes(),
+        keys.data() + b * block_bytes, static_cast<size_t>(block_bytes));
+  }
+  return DeviceCheck(pool_->memory().WriteSlots(
+      page_layout_, layer.pages, first, n, nullptr, values.data()));
+}
+
+absl::Status Session::CheckKiviStaging() const {
+  if (kivi_ == nullptr) return absl::OkStatus();
+  const int32_t p = page_layout_.page_tokens;
+  const std::byte* arena = pool_->memory().host_data();
+  std::vector<std::byte> block(
+      static_cast<size_t>(page_layout_.key_block_bytes()));
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const std::span<const float> staging =
+        kivi_->staging(static_cast<int32_t>(l));
+    if (staging.empty()) continue;
+    const Layer& layer = layers_[l];
+    const PageId open = layer.pages[layer.size() / p];
+    const KiviResult r =
+        QuantizeKiviKeys(page_layout_, staging.data(),
+                         static_cast<int32_t>(layer.size() % p), block.data());
+    if (!r.ok() ||
+        std::memcmp(block.data(),
+                    arena + int64_t{open} * page_layout_.page_bytes(),
+                    block.size()) != 0) {
+      return absl::InvalidArgumentError(SessionMessage(
+          id_, "layer ", l,
+          ": the open page's kivi_int4 key block is not the quantisation of "
+          "its staging (damaged or mismatched snapshot bytes)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckKiviPolicy(const ModelLayout& layout,
