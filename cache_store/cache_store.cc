@@ -302,7 +302,15 @@ absl::Status CacheStore::ReadSlots(SessionId id, int32_t layer, int64_t first,
                                    int64_t n, std::span<std::byte> keys,
                                    std::span<std::byte> values) {
   return WithSession(id, [&](Session& s) {
-    if (absl::Status k = RefuseKivi(s.layout(), "ReadSlots"); !k.ok()) return k;
+    if (IsKivi(s.layout().dtype)) {
+      const int64_t token_bytes = s.layout().page_layout().token_bytes();
+      if (static_cast<int64_t>(values.size()) != n * token_bytes) {
+        return absl::InvalidArgumentError(SessionMessage(
+            id, "layer ", layer, ": ", values.size(), " value bytes for ", n,
+            " slots of ", token_bytes, " bytes"));
+      }
+      return s.ReadKiviSlots(layer, first, keys, values);
+    }
     return s.ReadSlots(layer, first, n, keys, values);
   });
 }

@@ -143,7 +143,9 @@ class CacheStore {
   // NOT_FOUND if it does not exist.
   absl::StatusOr<SessionSnapshot> ExportSession(SessionId id,
                                                 bool with_bytes = true);
-  // Session::ReadSlots under the session's lock (a frozen session too).
+  // Session::ReadSlots under the session's lock (a frozen session too);
+  // kivi_int4: Session::ReadKiviSlots (keys are the key blocks of the pages
+  // of slots [first, first + n), which start a page).
   absl::Status ReadSlots(SessionId id, int32_t layer, int64_t first, int64_t n,
                          std::span<std::byte> keys,
                          std::span<std::byte> values);

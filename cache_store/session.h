@@ -48,10 +48,6 @@ namespace kvkeep {
 // (INVALID_ARGUMENT naming why otherwise); OK for every other layout.
 absl::Status CheckKiviPolicy(const ModelLayout& layout,
                              absl::string_view policy);
-// FAILED_PRECONDITION naming `what` for a kivi_int4 layout: snapshots,
-// transfers, prefixes and tiers do not carry its keys yet (forks do:
-// Session::Fork copies the staging).
-absl::Status RefuseKivi(const ModelLayout& layout, absl::string_view what);
 
 class Session {
  public:
@@ -154,6 +150,13 @@ class Session {
   absl::Status ReadSlots(int32_t layer, int64_t first, int64_t n,
                          std::span<std::byte> keys,
                          std::span<std::byte> values) const;
+  // kivi_int4's ReadSlots, as WriteSlots takes its bytes: `first` starts a
+  // page, the run ends on a page's end or the layer's, `keys` are the key
+  // blocks of its ceil(n / page_tokens) pages and `values` its n records
+  // (n = values.size() / token bytes). INVALID_ARGUMENT otherwise.
+  absl::Status ReadKiviSlots(int32_t layer, int64_t first,
+                             std::span<std::byte> keys,
+                             std::span<std::byte> values) const;
   // OK unless a device error left the session's pages in an unknown state;
   // then every call that reads or changes them returns this DATA_LOSS
   // status, and the session should be closed.
@@ -319,7 +322,11 @@ class Session {
                       int64_t n);
   // Layer `index`'s key blocks and values into `out` (Snapshot).
   void SnapshotKivi(int32_t index, LayerSnapshot& out) const;
-  // WriteSlots of a kivi_int4 layer (its layer index is checked).
+  // The slot count of a kivi_int4 run of `key_bytes` and `value_bytes` at
+  // `first` of layer `index` (ReadKiviSlots' rules), or INVALID_ARGUMENT.
+  absl::StatusOr<int64_t> KiviRun(int32_t index, int64_t first,
+                                  size_t key_bytes, size_t value_bytes) const;
+  // WriteSlots of a kivi_int4 layer.
   absl::Status WriteKiviSlots(int32_t index, int64_t first,
                               std::span<const std::byte> keys,
                               std::span<const std::byte> values);

@@ -52,55 +52,76 @@ absl::StatusOr<LayerKvCopy> Session::ReadKiviLayerAs(int32_t index,
 }
 
 void Session::SnapshotKivi(int32_t index, LayerSnapshot& out) const {
-  const Layer& layer = layers_[index];
-  const int64_t n = layer.size();
-  const std::byte* arena = pool_->memory().host_data();
-  const int64_t block_bytes = page_layout_.key_block_bytes();
-  const int64_t blocks =
-      (n + page_layout_.page_tokens - 1) / page_layout_.page_tokens;
-  out.keys.resize(static_cast<size_t>(blocks * block_bytes));
-  for (int64_t b = 0; b < blocks; ++b) {
-    std::memcpy(out.keys.data() + b * block_bytes,
-                arena + int64_t{layer.pages[b]} * page_layout_.page_bytes(),
-                static_cast<size_t>(block_bytes));
-  }
+  const int64_t n = layers_[index].size();
+  const int32_t p = page_layout_.page_tokens;
+  out.keys.resize(
+      static_cast<size_t>((n + p - 1) / p * page_layout_.key_block_bytes()));
   out.values.resize(static_cast<size_t>(n * page_layout_.token_bytes()));
+  // A device error leaves the bytes unread; the caller sees device_error().
+  ReadKiviSlots(index, 0, out.keys, out.values).IgnoreError();
+}
+
+absl::StatusOr<int64_t> Session::KiviRun(int32_t index, int64_t first,
+                                         size_t key_bytes,
+                                         size_t value_bytes) const {
+  if (absl::Status s = CheckLayerIndex(index); !s.ok()) return s;
+  const int64_t size = layers_[index].size();
+  const int32_t p = page_layout_.page_tokens;
+  const int64_t token_bytes = page_layout_.token_bytes();
+  const int64_t block_bytes = page_layout_.key_block_bytes();
+  const int64_t n = static_cast<int64_t>(value_bytes) / token_bytes;
+  if (static_cast<int64_t>(value_bytes) != n * token_bytes || first < 0 ||
+      first % p != 0 || first + n > size ||
+      ((first + n) % p != 0 && first + n != size) ||
+      static_cast<int64_t>(key_bytes) != (n + p - 1) / p * block_bytes) {
+    return absl::InvalidArgumentError(SessionMessage(
+        id_, "layer ", index, ": ", key_bytes, " key and ", value_bytes,
+        " value bytes at slot ", first,
+        " are not whole kivi_int4 pages of its ", size, " slots (", block_bytes,
+        " key block bytes a page, ", token_bytes,
+        " value bytes a token, from a page's first slot to a page's end or "
+        "the layer's)"));
+  }
+  return n;
+}
+
+absl::Status Session::ReadKiviSlots(int32_t index, int64_t first,
+                                    std::span<std::byte> keys,
+                                    std::span<std::byte> values) const {
+  absl::StatusOr<int64_t> n = KiviRun(index, first, keys.size(), values.size());
+  if (!n.ok()) return n.status();
+  const Layer& layer = layers_[index];
+  const int32_t p = page_layout_.page_tokens;
+  const int64_t block_bytes = page_layout_.key_block_bytes();
+  const std::byte* arena = pool_->memory().host_data();
+  for (int64_t b = 0; b < (*n + p - 1) / p; ++b) {
+    std::memcpy(
+        keys.data() + b * block_bytes,
+        arena + int64_t{layer.pages[first / p + b]} * page_layout_.page_bytes(),
+        static_cast<size_t>(block_bytes));
+  }
   // The host backend copies a kivi_int4 page's values only (its keys are
   // the blocks above), so no key buffer is read or written.
-  DeviceCheck(pool_->memory().ReadSlots(page_layout_, layer.pages, 0, n,
-                                        nullptr, out.values.data()))
-      .IgnoreError();
+  return DeviceCheck(pool_->memory().ReadSlots(page_layout_, layer.pages, first,
+                                               *n, nullptr, values.data()));
 }
 
 absl::Status Session::WriteKiviSlots(int32_t index, int64_t first,
                                      std::span<const std::byte> keys,
                                      std::span<const std::byte> values) {
-  Layer& layer = layers_[index];
+  absl::StatusOr<int64_t> n = KiviRun(index, first, keys.size(), values.size());
+  if (!n.ok()) return n.status();
+  const Layer& layer = layers_[index];
   const int32_t p = page_layout_.page_tokens;
-  const int64_t token_bytes = page_layout_.token_bytes();
   const int64_t block_bytes = page_layout_.key_block_bytes();
-  const int64_t n = static_cast<int64_t>(values.size()) / token_bytes;
-  const int64_t blocks = (n + p - 1) / p;
-  if (static_cast<int64_t>(values.size()) != n * token_bytes || first < 0 ||
-      first % p != 0 || first + n > layer.size() ||
-      ((first + n) % p != 0 && first + n != layer.size()) ||
-      static_cast<int64_t>(keys.size()) != blocks * block_bytes) {
-    return absl::InvalidArgumentError(SessionMessage(
-        id_, "layer ", index, ": ", keys.size(), " key and ", values.size(),
-        " value bytes at slot ", first,
-        " are not whole kivi_int4 pages of its ", layer.size(), " slots (",
-        block_bytes, " key block bytes and ", token_bytes,
-        " bytes a token, from a page's first slot to a page's end or the "
-        "layer's)"));
-  }
   std::byte* arena = pool_->memory().host_data();
-  for (int64_t b = 0; b < blocks; ++b) {
+  for (int64_t b = 0; b < (*n + p - 1) / p; ++b) {
     std::memcpy(
         arena + int64_t{layer.pages[first / p + b]} * page_layout_.page_bytes(),
         keys.data() + b * block_bytes, static_cast<size_t>(block_bytes));
   }
   return DeviceCheck(pool_->memory().WriteSlots(
-      page_layout_, layer.pages, first, n, nullptr, values.data()));
+      page_layout_, layer.pages, first, *n, nullptr, values.data()));
 }
 
 absl::Status Session::CheckKiviStaging() const {
@@ -144,14 +165,6 @@ absl::Status CheckKiviPolicy(const ModelLayout& layout,
       "' evicts token by token, and every token compaction moves "
       "re-quantises its new page from keys already rounded once "
       "(docs/quantization.md)"));
-}
-
-absl::Status RefuseKivi(const ModelLayout& layout, absl::string_view what) {
-  if (!IsKivi(layout.dtype)) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      what, " of a session of layout '", layout.name,
-      "' is not supported: its kivi_int4 keys are per-page blocks with the "
-      "open page's staging outside the pool (docs/quantization.md)"));
 }
 
 }  // namespace kvkeep

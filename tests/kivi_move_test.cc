@@ -5,7 +5,8 @@
 // same evictions and slot moves, the same ReadLayerAs bytes (f32 and bf16),
 // the same key blocks, value records and staging in its pages, the same
 // resident bytes; under full and h2o_page, moved again and again with its
-// open page at different fills. A snapshot that is damaged (short, with a
+// open page at different fills; sessions started from a kivi prefix
+// continue likewise. A snapshot that is damaged (short, with a
 // staging of the wrong size or not finite, an open page's block that its
 // staging does not quantise to, the wrong format for the layout) is refused
 // with INVALID_ARGUMENT and leaves nothing held; the tier file says its
@@ -260,6 +261,50 @@ TEST(KiviMoveTest, ASessionBackFromATierContinuesAsTheOriginalWould) {
   RunTwins(Move::kTier);
 }
 
+// A kivi prefix, published with its open pages 3 tokens in, shares its
+// pages and staging with the sessions started from it: each, fed its own
+// tokens and scores, continues as a session that appended the prefix's
+// tokens itself (h2o_page: with its evictions, compactions and the copies
+// of shared pages before writing into them).
+TEST(KiviMoveTest, SessionsFromAKiviPrefixContinueAsTheOriginalWould) {
+  std::unique_ptr<CacheStore> store = MakeStore();
+  ASSERT_NE(store, nullptr);
+  const PolicySpec policy{"h2o_page", {{"sinks", "1"}, {"recent", "2"}}};
+  std::vector<SessionId> ids;  // the source, then a twin for each child
+  for (int i = 0; i < 3; ++i) {
+    KV_ASSIGN_OR_FAIL(SessionId id, NewSession(*store, policy, 12));
+    ids.push_back(id);
+  }
+  for (SessionId id : ids) {
+    AppendBuffers data(kKivi, 0, 11);
+    KV_ASSERT_OK(store->Append(id, data.request()).status());
+  }
+  KV_ASSERT_OK(
+      store->PublishPrefix(ids[0], PrefixSpec{"kivi-prefix", ""}).status());
+  KV_ASSERT_OK(store->CloseSession(ids[0]));
+  std::vector<Held> children, twins;
+  for (int i = 0; i < 2; ++i) {
+    SessionSpec spec{"", policy};
+    spec.budget.tokens = 12;
+    spec.prefix = "kivi-prefix";
+    spec.prefix_evictable = true;
+    KV_ASSIGN_OR_FAIL(SessionId child, store->CreateSession(spec));
+    children.push_back(Held{store.get(), child});
+    twins.push_back(Held{store.get(), ids[1 + i]});
+  }
+  std::mt19937 rng(29);
+  for (int64_t pos = 11; pos < 40; ++pos) {
+    SCOPED_TRACE(pos);
+    for (int i = 0; i < 2; ++i) {
+      AppendBoth(children[i], twins[i], pos + 1000 * i);
+      ScoreBoth(children[i], twins[i], rng);
+      ExpectSame(children[i], twins[i]);
+    }
+  }
+  KV_ASSIGN_OR_FAIL(SessionStats done, store->GetStats(children[1].id));
+  EXPECT_GT(done.evicted_tokens, 20);
+}
+
 // A session of 2 layers x 7 tokens under full: 2 pages a layer, the open
 // one holding 3 tokens.
 SessionSnapshot Exported(CacheStore& store) {
@@ -377,7 +422,9 @@ TEST(KiviMoveTest, APoolWithoutRoomRefusesTheImportAndHoldsNothing) {
   for (const TenantStats& t : small->Tenants()) EXPECT_EQ(t.bytes, 0);
 }
 
-TEST(KiviMoveTest, FrozenSlotSpansOfKiviStartOnAPage) {
+// Slot runs of a kivi session (FrozenSlotSpans, ReadSlots) start on a page
+// and hand out its whole key block.
+TEST(KiviMoveTest, SlotRunsOfKiviStartOnAPage) {
   std::unique_ptr<CacheStore> store = MakeStore();
   ASSERT_NE(store, nullptr);
   KV_ASSIGN_OR_FAIL(SessionId id, NewSession(*store, {"full", {}}, 1 << 20));
@@ -391,6 +438,19 @@ TEST(KiviMoveTest, FrozenSlotSpansOfKiviStartOnAPage) {
   ASSERT_EQ(spans.keys.size(), 1u);
   EXPECT_EQ(spans.keys[0].size(), kKivi.page_layout().key_block_bytes());
   KV_ASSERT_OK(store->FinishTransfer(id, /*committed=*/false));
+  const PageLayout page = kKivi.page_layout();
+  KV_ASSIGN_OR_FAIL(SessionSnapshot all, store->ExportSession(id));
+  std::vector<std::byte> keys(page.key_block_bytes());
+  std::vector<std::byte> values(3 * page.token_bytes());
+  KV_ASSERT_OK(store->ReadSlots(id, 1, 4, 3, keys, values));
+  const std::span<const std::byte> want_keys(all.layers[1].keys);
+  const std::span<const std::byte> want_values(all.layers[1].values);
+  EXPECT_TRUE(
+      std::ranges::equal(keys, want_keys.subspan(page.key_block_bytes())));
+  EXPECT_TRUE(
+      std::ranges::equal(values, want_values.subspan(4 * page.token_bytes())));
+  const absl::Status mid = store->ReadSlots(id, 1, 2, 3, keys, values);
+  EXPECT_EQ(mid.code(), absl::StatusCode::kInvalidArgument) << mid;
 }
 
 TEST(KiviMoveTest, TheTierFileSaysItsFormat) {
