@@ -7,7 +7,9 @@
 // blocks, records and staging), and the response counts the bytes that went
 // (key blocks and records, fewer than bf16's). A corrupted chunk fails the
 // transfer with DATA_LOSS: the session stays on the source, unchanged and
-// serving, and the target holds no page.
+// serving, and the target holds no page. A peer's hand-made header of an
+// unknown format or with a short staging, and a kivi chunk that is not
+// whole pages, are refused with INVALID_ARGUMENT, nothing held.
 #include <memory>
 #include <random>
 #include <string>
@@ -20,6 +22,7 @@
 #include "services/client/kvkeep_client.h"
 #include "services/kvkeepd/kvkeep_server.h"
 #include "services/kvkeepd/kvkeep_service.h"
+#include "services/transfer/session_state.h"
 #include "tests/testing/faulty_page_sender.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_server.h"
@@ -53,6 +56,7 @@ class Store {
   CacheStore& store() { return server_->store(); }
   const std::string& address() const { return server_->address(); }
   int64_t used_pages() { return store().Layouts()[0].pool.used_pages; }
+  client::KvKeepClient& client() { return *client_; }
 
   grpc::Status Transfer(SessionId id, const std::string& target,
                         const std::string& transport,
@@ -129,6 +133,16 @@ void ExpectSame(CacheStore& a, SessionId a_id, CacheStore& b, SessionId b_id) {
   EXPECT_EQ(a.GetStats(a_id)->bytes, b.GetStats(b_id)->bytes);
 }
 
+// Whether `store` gave back every page (a refused receive is cleaned up
+// just after its answer), waiting up to a limit only a leak reaches.
+bool Emptied(Store& store) {
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (store.used_pages() != 0 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return store.used_pages() == 0;
+}
+
 class EachTransport : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(EachTransport, AKiviSessionMovesAndContinuesAsItWouldHave) {
@@ -203,11 +217,7 @@ TEST_P(EachTransport, ACorruptedKiviChunkLeavesTheSessionWhereItWas) {
     EXPECT_EQ(status.error_code(), grpc::StatusCode::DATA_LOSS)
         << status.error_message();
     EXPECT_THAT(status.error_message(), HasSubstr("CRC32C"));
-    const absl::Time until = absl::Now() + absl::Seconds(30);
-    while (target.used_pages() != 0 && absl::Now() < until) {
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-    EXPECT_EQ(target.used_pages(), 0);
+    EXPECT_TRUE(Emptied(target));
     absl::StatusOr<SessionSnapshot> after = source.store().ExportSession(id);
     ASSERT_TRUE(after.ok()) << after.status();
     for (size_t l = 0; l < after->layers.size(); ++l) {
@@ -216,6 +226,70 @@ TEST_P(EachTransport, ACorruptedKiviChunkLeavesTheSessionWhereItWas) {
     }
     Step(source.store(), id, 9);  // still serving
   }
+}
+
+// A peer's ReceiveSession stream: `state` as the header, then `chunks`
+// (if READY came) and the commit.
+grpc::Status Receive(Store& target, const std::string& transfer_id,
+                     const v1::SessionState& state,
+                     const std::vector<v1::TransferMessage>& chunks) {
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("kvkeep-peer-token", testing::kTestPeerToken);
+  auto stream = target.client().stub().ReceiveSession(&ctx);
+  v1::TransferMessage header;
+  header.set_transfer_id(transfer_id);
+  *header.mutable_header() = state;
+  v1::TransferReply reply;
+  if (stream->Write(header) && stream->Read(&reply) &&
+      reply.phase() == v1::TransferReply::READY) {
+    for (const v1::TransferMessage& chunk : chunks) {
+      if (!stream->Write(chunk)) break;
+    }
+    v1::TransferMessage commit;
+    commit.set_commit(true);
+    if (stream->Write(commit)) stream->Read(&reply);
+  }
+  stream->WritesDone();
+  return stream->Finish();
+}
+
+TEST(KiviTransferTest, MalformedKiviHeadersAndChunksAreRefused) {
+  Store source, target;
+  const SessionId id = Open(source.store(), {"full", {}});
+  for (int64_t pos = 0; pos < 6; ++pos) Step(source.store(), id, pos);
+  absl::StatusOr<SessionSnapshot> snapshot =
+      source.store().ExportSession(id, /*with_bytes=*/false);
+  ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+  v1::SessionState good;
+  StateToProto(*snapshot, &good);
+  ASSERT_EQ(good.format(), 2u);
+  ASSERT_EQ(good.layers(0).kivi_staging_size(), 2 * 128);
+
+  v1::SessionState newer = good;
+  newer.set_format(3);
+  grpc::Status status = Receive(target, "newer", newer, {});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("format 3 is newer"));
+
+  v1::SessionState short_staging = good;
+  short_staging.mutable_layers(1)->mutable_kivi_staging()->RemoveLast();
+  status = Receive(target, "short", short_staging, {});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("staging must hold the open page's 2 tokens"));
+
+  // A chunk of one token's record and 10 key bytes, not a key block.
+  v1::TransferMessage chunk;
+  v1::TransferChunk* c = chunk.mutable_chunk();
+  c->set_layer(0);
+  c->set_first_slot(0);
+  c->set_keys(std::string(10, 'k'));
+  c->set_values(std::string(kKivi.page_layout().token_bytes(), 'v'));
+  status = Receive(target, "split", good, {chunk});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("not whole kivi_int4 pages"));
+  EXPECT_TRUE(Emptied(target));
+  for (const TenantStats& t : target.store().Tenants()) EXPECT_EQ(t.bytes, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, EachTransport,
