@@ -516,7 +516,7 @@ absl::StatusOr<SessionId> CacheStore::CommitImport(
         pending->id(), "not every layer's keys and values have arrived"));
   }
   // Outside the store's lock: it re-quantises each open page.
-  if (absl::Status s = pending->session_->CheckKiviStaging(); !s.ok()) {
+  if (absl::Status s = pending->session_->CheckKiviPages(); !s.ok()) {
     return s;
   }
   const SessionSnapshot& snapshot = pending->snapshot_;

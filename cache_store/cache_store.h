@@ -221,8 +221,8 @@ class CacheStore {
   absl::StatusOr<std::unique_ptr<PendingImport>> PrepareImport(
       SessionSnapshot snapshot);
   // ALREADY_EXISTS if the id was taken meanwhile; FAILED_PRECONDITION if a
-  // layer's bytes are missing; INVALID_ARGUMENT if a kivi_int4 open page's
-  // key block does not match its staging (Session::CheckKiviStaging);
+  // layer's bytes are missing; INVALID_ARGUMENT for kivi_int4 key blocks
+  // that are not valid or do not match the staging (Session::CheckKiviPages);
   // RESOURCE_EXHAUSTED past max_sessions or the tenant's session limit. On any
   // failure the reservation is freed.
   absl::StatusOr<SessionId> CommitImport(

@@ -78,9 +78,11 @@ class Session {
                           std::span<const std::byte> keys,
                           std::span<const std::byte> values);
   // kivi_int4, once a restored session's bytes are written: INVALID_ARGUMENT
-  // unless every open page's key block is what its staging quantises to
-  // (a snapshot's blocks and staging belong together). OK for other layouts.
-  absl::Status CheckKiviStaging() const;
+  // unless every key block's scales are finite binary16, not negative, and
+  // its zero points int4 (0-15), and every open page's key block is what
+  // its staging quantises to (a snapshot's blocks and staging belong
+  // together). OK for other layouts.
+  absl::Status CheckKiviPages() const;
   ~Session();  // lets go of every page (shared ones stay with the others)
 
   // A new session `child` at this session's current state (tokens, slots,

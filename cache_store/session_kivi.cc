@@ -1,6 +1,7 @@
 // Session's kivi_int4 parts (cache_store/kivi_keys.h): the appended keys
 // quantised with their pages, dequantised reads, snapshots (key blocks as
 // stored, and the staging), and the policies the layout takes.
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -124,13 +125,31 @@ absl::Status Session::WriteKiviSlots(int32_t index, int64_t first,
       page_layout_, layer.pages, first, *n, nullptr, values.data()));
 }
 
-absl::Status Session::CheckKiviStaging() const {
+absl::Status Session::CheckKiviPages() const {
   if (kivi_ == nullptr) return absl::OkStatus();
   const int32_t p = page_layout_.page_tokens;
   const std::byte* arena = pool_->memory().host_data();
+  const int64_t e_count = page_layout_.token_elements();
   std::vector<std::byte> block(
       static_cast<size_t>(page_layout_.key_block_bytes()));
   for (size_t l = 0; l < layers_.size(); ++l) {
+    // Every block's scales (finite, not negative) and zero points (int4).
+    for (const PageId page : layers_[l].pages) {
+      const std::byte* at = arena + int64_t{page} * page_layout_.page_bytes();
+      for (int64_t c = 0; c < e_count; ++c) {
+        uint16_t scale = 0;
+        std::memcpy(&scale, at + page_layout_.key_scales_offset() + 2 * c, 2);
+        const auto zero =
+            static_cast<uint8_t>(at[page_layout_.key_zeros_offset() + c]);
+        if (!(F16ToFloat(scale) >= 0.0f) || (scale & 0x7c00) == 0x7c00 ||
+            zero > 15) {
+          return absl::InvalidArgumentError(SessionMessage(
+              id_, "layer ", l, ": a kivi_int4 key block has channel ", c,
+              " scale ", F16ToFloat(scale), " and zero point ", int{zero},
+              " (scales are finite binary16, not negative; zero points 0-15)"));
+        }
+      }
+    }
     const std::span<const float> staging =
         kivi_->staging(static_cast<int32_t>(l));
     if (staging.empty()) continue;

@@ -70,7 +70,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Restore(
         return st;
       }
     }
-    if (absl::Status st = s.CheckKiviStaging(); !st.ok()) return st;
+    if (absl::Status st = s.CheckKiviPages(); !st.ok()) return st;
   }
   s.last_position_ = snapshot.last_position;
   s.compressed_ = snapshot.compressed;

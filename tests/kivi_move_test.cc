@@ -357,6 +357,18 @@ TEST(KiviMoveTest, DamagedSnapshotsAreRefusedAndHoldNothing) {
          s.layers[0].keys[page.key_block_bytes() + 3] ^= std::byte{0x10};
        },
        "layer 0: the open page's kivi_int4 key block is not the quantisation"},
+      {"an infinite scale in a full page",
+       [&](SessionSnapshot& s) {
+         const uint16_t inf = 0x7c00;
+         std::memcpy(s.layers[1].keys.data() + page.key_scales_offset() + 2 * 9,
+                     &inf, 2);
+       },
+       "layer 1: a kivi_int4 key block has channel 9 scale inf"},
+      {"a zero point past int4",
+       [&](SessionSnapshot& s) {
+         s.layers[0].keys[page.key_zeros_offset() + 4] = std::byte{16};
+       },
+       "channel 4 scale"},
       {"token records' format", [](SessionSnapshot& s) { s.kivi = false; },
        "holds token records; layout 'kivi' stores kivi_int4"},
   };
