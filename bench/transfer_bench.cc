@@ -28,9 +28,11 @@
 // (docs/security.md): they have no data socket, so only "host" runs, over
 // the encrypted store-to-store channel. Compare with a plaintext run.
 //
-// --dtype=int8|fp8_e4m3|int4 (default bf16): the pages store that format
-// (groups of 32, appended as bf16); the session has the same tokens as the
-// bf16 one of GIB, in fewer bytes.
+// --dtype=int8|fp8_e4m3|int4|kivi_int4 (default bf16): the pages store that
+// format (groups of 32, appended as bf16; kivi_int4: keys per channel by
+// page, moved as the pages' key blocks with each layer's open-page staging
+// in the header); the session has the same tokens as the bf16 one of GIB,
+// in fewer bytes.
 //
 //   build/bin/transfer_bench [GIB] [--cold] [--nccl] [--transports=tcp,host]
 //                            [--rounds=5] [--tls=CERT,KEY] [--dtype=bf16]
@@ -232,12 +234,13 @@ int Main(int argc, char** argv) {
     if (absl::StartsWith(arg, "--dtype=")) {
       const std::string name = arg.substr(8);
       bool found = false;
-      for (DType d :
-           {DType::kBF16, DType::kInt8, DType::kFp8E4M3, DType::kInt4}) {
+      for (DType d : {DType::kBF16, DType::kInt8, DType::kFp8E4M3, DType::kInt4,
+                      DType::kKiviInt4}) {
         if (name == DTypeName(d)) dtype = d, found = true;
       }
       if (!found) {
-        std::fprintf(stderr, "--dtype: bf16, int8, fp8_e4m3 or int4\n");
+        std::fprintf(stderr,
+                     "--dtype: bf16, int8, fp8_e4m3, int4 or kivi_int4\n");
         return 2;
       }
       continue;
@@ -326,7 +329,14 @@ int Main(int argc, char** argv) {
     const SessionId warm = fill(target.store());
     if (!target.store().CloseSession(warm).ok()) return 1;
   }
-  const int64_t moved_bytes = 2 * tokens * token_bytes * layout.num_layers;
+  // Keys and values as they move: kivi_int4's keys are whole key blocks.
+  const PageLayout page_layout = layout.page_layout();
+  const int64_t key_bytes = IsKivi(dtype) ? (tokens + layout.page_tokens - 1) /
+                                                layout.page_tokens *
+                                                page_layout.key_block_bytes()
+                                          : tokens * token_bytes;
+  const int64_t moved_bytes =
+      (key_bytes + tokens * token_bytes) * layout.num_layers;
   std::printf(
       "session: %lld tokens x %d layers, %s, %.3f GiB of keys and values\n",
       static_cast<long long>(tokens), layout.num_layers,

@@ -302,7 +302,15 @@ absl::Status CacheStore::ReadSlots(SessionId id, int32_t layer, int64_t first,
                                    int64_t n, std::span<std::byte> keys,
                                    std::span<std::byte> values) {
   return WithSession(id, [&](Session& s) {
-    if (absl::Status k = RefuseKivi(s.layout(), "ReadSlots"); !k.ok()) return k;
+    if (IsKivi(s.layout().dtype)) {
+      const int64_t token_bytes = s.layout().page_layout().token_bytes();
+      if (static_cast<int64_t>(values.size()) != n * token_bytes) {
+        return absl::InvalidArgumentError(SessionMessage(
+            id, "layer ", layer, ": ", values.size(), " value bytes for ", n,
+            " slots of ", token_bytes, " bytes"));
+      }
+      return s.ReadKiviSlots(layer, first, keys, values);
+    }
     return s.ReadSlots(layer, first, n, keys, values);
   });
 }
@@ -312,10 +320,6 @@ absl::StatusOr<SessionSnapshot> CacheStore::ExportSession(SessionId id,
   return WithEntry(
       id,
       [&](const Entry& entry, Session& s) -> absl::StatusOr<SessionSnapshot> {
-        if (absl::Status k = RefuseKivi(s.layout(), "Export or transfer");
-            !k.ok()) {
-          return k;
-        }
         SessionSnapshot snapshot = s.Snapshot(with_bytes);
         if (!s.device_error().ok()) return s.device_error();
         snapshot.tenant = entry.info.tenant;
@@ -395,6 +399,11 @@ absl::StatusOr<SlotSpans> CacheStore::FrozenSlotSpans(SessionId id,
               absl::StrCat(SessionLabel(id), ": no layer ", layer));
         }
         const PageLayout page_layout = s.layout().page_layout();
+        if (IsKivi(page_layout.dtype) && first % page_layout.page_tokens != 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              SessionLabel(id), ": layer ", layer, " slot ", first,
+              " does not start a page; kivi_int4 pages move whole"));
+        }
         const std::span<const PageId> pages = s.layer_pages(layer);
         const int64_t capacity =
             static_cast<int64_t>(pages.size()) * page_layout.page_tokens;
@@ -442,7 +451,8 @@ absl::Status CacheStore::PendingImport::Write(
   const int64_t token_bytes = session_->layout().page_layout().token_bytes();
   absl::Status s = session_->WriteSlots(layer, written_[layer], keys, values);
   if (!s.ok()) return s;
-  written_[layer] += static_cast<int64_t>(keys.size()) / token_bytes;
+  // Counted by the values: kivi_int4's keys are whole pages' key blocks.
+  written_[layer] += static_cast<int64_t>(values.size()) / token_bytes;
   return absl::OkStatus();
 }
 
@@ -477,9 +487,6 @@ CacheStore::PrepareImport(SessionSnapshot snapshot) {
   }
   absl::StatusOr<const Pool*> pool = FindPool(snapshot.layout);
   if (!pool.ok()) return pool.status();
-  if (absl::Status k = RefuseKivi((*pool)->layout, "Import"); !k.ok()) {
-    return k;
-  }
   absl::StatusOr<PolicyPtr> policy = NewPolicy(snapshot.policy);
   if (!policy.ok()) return policy.status();
   std::shared_ptr<PageQuota> quota;
@@ -507,6 +514,10 @@ absl::StatusOr<SessionId> CacheStore::CommitImport(
   if (!pending->complete()) {
     return absl::FailedPreconditionError(SessionMessage(
         pending->id(), "not every layer's keys and values have arrived"));
+  }
+  // Outside the store's lock: it re-quantises each open page.
+  if (absl::Status s = pending->session_->CheckKiviPages(); !s.ok()) {
+    return s;
   }
   const SessionSnapshot& snapshot = pending->snapshot_;
   absl::MutexLock lock(&mu_);

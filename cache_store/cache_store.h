@@ -143,7 +143,9 @@ class CacheStore {
   // NOT_FOUND if it does not exist.
   absl::StatusOr<SessionSnapshot> ExportSession(SessionId id,
                                                 bool with_bytes = true);
-  // Session::ReadSlots under the session's lock (a frozen session too).
+  // Session::ReadSlots under the session's lock (a frozen session too);
+  // kivi_int4: Session::ReadKiviSlots (keys are the key blocks of the pages
+  // of slots [first, first + n), which start a page).
   absl::Status ReadSlots(SessionId id, int32_t layer, int64_t first, int64_t n,
                          std::span<std::byte> keys,
                          std::span<std::byte> values);
@@ -176,7 +178,9 @@ class CacheStore {
   // pool's host arena, so a sender reads them in place (they cannot change
   // until FinishTransfer). NOT_FOUND; FAILED_PRECONDITION if the session is
   // not frozen or its pool is not in host memory (read with ReadSlots then);
-  // OUT_OF_RANGE past the layer's resident slots.
+  // OUT_OF_RANGE past the layer's resident slots. kivi_int4: the keys are
+  // the whole key blocks of the pages touched, so `first` must start a page
+  // (INVALID_ARGUMENT otherwise).
   absl::StatusOr<SlotSpans> FrozenSlotSpans(SessionId id, int32_t layer,
                                             int64_t first, int64_t n);
 
@@ -189,9 +193,10 @@ class CacheStore {
   class PendingImport {
    public:
     SessionId id() const { return snapshot_.id; }
-    // The next `keys.size() / token bytes` slots of `layer`:
+    // The next `values.size() / token bytes` slots of `layer`:
     // INVALID_ARGUMENT out of order, past the layer's slots, or with
-    // mismatched sizes.
+    // mismatched sizes (kivi_int4: keys are the key blocks of the pages
+    // written, and every write but a layer's last ends on a page's end).
     absl::Status Write(int32_t layer, std::span<const std::byte> keys,
                        std::span<const std::byte> values);
     bool complete() const;
@@ -216,8 +221,10 @@ class CacheStore {
   absl::StatusOr<std::unique_ptr<PendingImport>> PrepareImport(
       SessionSnapshot snapshot);
   // ALREADY_EXISTS if the id was taken meanwhile; FAILED_PRECONDITION if a
-  // layer's bytes are missing; RESOURCE_EXHAUSTED past max_sessions or the
-  // tenant's session limit. On any failure the reservation is freed.
+  // layer's bytes are missing; INVALID_ARGUMENT for kivi_int4 key blocks
+  // that are not valid or do not match the staging (Session::CheckKiviPages);
+  // RESOURCE_EXHAUSTED past max_sessions or the tenant's session limit. On any
+  // failure the reservation is freed.
   absl::StatusOr<SessionId> CommitImport(
       std::unique_ptr<PendingImport> pending);
 

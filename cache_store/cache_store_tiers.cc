@@ -22,9 +22,6 @@ absl::Duration Since(std::chrono::steady_clock::time_point start) {
 
 absl::Status CacheStore::MoveDown(Entry& entry, const Pool& pool) {
   const SessionId id = entry.info.id;
-  if (absl::Status k = RefuseKivi(pool.layout, "Moving to a tier"); !k.ok()) {
-    return k;
-  }
   if (!pool.tiers.enabled()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "layout '", pool.layout.name, "' has no tiers to move sessions to"));

@@ -68,6 +68,18 @@ class KiviKeys {
   // A fork's keys: `parent`'s staging (same layout and layers), so the
   // child re-quantises its open pages as the parent would.
   void CopyStaging(const KiviKeys& parent) { open_ = parent.open_; }
+  // A layer's staging as a snapshot carries it ([tokens][E] float32), and
+  // back (a restored session's; n tokens, < page_tokens).
+  std::span<const float> staging(int32_t layer) const {
+    const KiviOpenPage& open = open_[layer];
+    return {open.keys(),
+            static_cast<size_t>(open.tokens() * layout_.token_elements())};
+  }
+  void RestoreStaging(int32_t layer, std::span<const float> keys) {
+    open_[layer].Reset(keys.data(),
+                       static_cast<int32_t>(static_cast<int64_t>(keys.size()) /
+                                            layout_.token_elements()));
+  }
 
  private:
   // The block of `page` as the batch will leave it so far: its pending

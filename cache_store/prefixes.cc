@@ -102,13 +102,6 @@ absl::StatusOr<PrefixInfo> CacheStore::PublishPrefix(SessionId source,
   if (!found.ok()) return found.status();
   Entry& entry = **found;
   if (entry.info.tenant != spec.tenant) return NotFound(source);
-  if (absl::StatusOr<const Pool*> pool = FindPool(entry.info.layout);
-      pool.ok()) {
-    if (absl::Status k = RefuseKivi((*pool)->layout, "PublishPrefix");
-        !k.ok()) {
-      return k;
-    }
-  }
   const PrefixKey key(spec.is_public, spec.is_public ? "" : spec.tenant,
                       spec.name);
   auto taken = [&] {

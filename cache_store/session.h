@@ -48,10 +48,6 @@ namespace kvkeep {
 // (INVALID_ARGUMENT naming why otherwise); OK for every other layout.
 absl::Status CheckKiviPolicy(const ModelLayout& layout,
                              absl::string_view policy);
-// FAILED_PRECONDITION naming `what` for a kivi_int4 layout: snapshots,
-// transfers, prefixes and tiers do not carry its keys yet (forks do:
-// Session::Fork copies the staging).
-absl::Status RefuseKivi(const ModelLayout& layout, absl::string_view what);
 
 class Session {
  public:
@@ -76,9 +72,17 @@ class Session {
   // Writes the keys and values of slots [first, first + n) of `layer`
   // ([n][kv_heads][head_dim] each, the layout's dtype). INVALID_ARGUMENT for
   // a layer or slot range outside the resident tokens or mismatched sizes.
+  // kivi_int4: `first` is a page's first slot and keys are the key blocks
+  // of the ceil(n / page_tokens) pages written (session_snapshot.h).
   absl::Status WriteSlots(int32_t layer, int64_t first,
                           std::span<const std::byte> keys,
                           std::span<const std::byte> values);
+  // kivi_int4, once a restored session's bytes are written: INVALID_ARGUMENT
+  // unless every key block's scales are finite binary16, not negative, and
+  // its zero points int4 (0-15), and every open page's key block is what
+  // its staging quantises to (a snapshot's blocks and staging belong
+  // together). OK for other layouts.
+  absl::Status CheckKiviPages() const;
   ~Session();  // lets go of every page (shared ones stay with the others)
 
   // A new session `child` at this session's current state (tokens, slots,
@@ -148,6 +152,13 @@ class Session {
   absl::Status ReadSlots(int32_t layer, int64_t first, int64_t n,
                          std::span<std::byte> keys,
                          std::span<std::byte> values) const;
+  // kivi_int4's ReadSlots, as WriteSlots takes its bytes: `first` starts a
+  // page, the run ends on a page's end or the layer's, `keys` are the key
+  // blocks of its ceil(n / page_tokens) pages and `values` its n records
+  // (n = values.size() / token bytes). INVALID_ARGUMENT otherwise.
+  absl::Status ReadKiviSlots(int32_t layer, int64_t first,
+                             std::span<std::byte> keys,
+                             std::span<std::byte> values) const;
   // OK unless a device error left the session's pages in an unknown state;
   // then every call that reads or changes them returns this DATA_LOSS
   // status, and the session should be closed.
@@ -311,6 +322,16 @@ class Session {
   // that `plan` keeps, quantised with their pages into batch_.
   void AppendKiviKeys(size_t l, const AppendPlan& plan, const LayerKv& kv,
                       int64_t n);
+  // Layer `index`'s key blocks and values into `out` (Snapshot).
+  void SnapshotKivi(int32_t index, LayerSnapshot& out) const;
+  // The slot count of a kivi_int4 run of `key_bytes` and `value_bytes` at
+  // `first` of layer `index` (ReadKiviSlots' rules), or INVALID_ARGUMENT.
+  absl::StatusOr<int64_t> KiviRun(int32_t index, int64_t first,
+                                  size_t key_bytes, size_t value_bytes) const;
+  // WriteSlots of a kivi_int4 layer.
+  absl::Status WriteKiviSlots(int32_t index, int64_t first,
+                              std::span<const std::byte> keys,
+                              std::span<const std::byte> values);
   std::vector<PageId> new_pages_;
   AppendQuantizer quantizer_;  // quantised layouts: records of each append
   // kivi_int4 layouts: the keys, per channel by page (null otherwise).

@@ -57,6 +57,9 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Restore(
     for (int64_t p = 0; p < pages_needed; ++p) {
       to.pages.push_back(fresh[next++]);
     }
+    if (s.kivi_ != nullptr) {
+      s.kivi_->RestoreStaging(static_cast<int32_t>(l), from.kivi_staging);
+    }
   }
   if (!bytes_follow) {
     for (size_t l = 0; l < snapshot.layers.size(); ++l) {
@@ -67,6 +70,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Restore(
         return st;
       }
     }
+    if (absl::Status st = s.CheckKiviPages(); !st.ok()) return st;
   }
   s.last_position_ = snapshot.last_position;
   s.compressed_ = snapshot.compressed;
@@ -80,6 +84,7 @@ absl::Status Session::WriteSlots(int32_t index, int64_t first,
                                  std::span<const std::byte> keys,
                                  std::span<const std::byte> values) {
   if (absl::Status s = CheckLayerIndex(index); !s.ok()) return s;
+  if (kivi_ != nullptr) return WriteKiviSlots(index, first, keys, values);
   Layer& layer = layers_[index];
   const int64_t token_bytes = page_layout_.token_bytes();
   const int64_t n = static_cast<int64_t>(keys.size()) / token_bytes;
@@ -118,6 +123,7 @@ SessionSnapshot Session::Snapshot(bool with_bytes) const {
   out.layout = layout_.name;
   out.last_position = last_position_;
   out.compressed = compressed_;
+  out.kivi = kivi_ != nullptr;
   out.work = work_;
   out.work.scoring_time = absl::ZeroDuration();
   out.work.eviction_time = absl::ZeroDuration();
@@ -131,7 +137,14 @@ SessionSnapshot Session::Snapshot(bool with_bytes) const {
     s.appended = layer.appended;
     s.version = layer.version;
     s.budget = layer.budget;
-    if (with_bytes) {
+    if (kivi_ != nullptr) {
+      const std::span<const float> staging =
+          kivi_->staging(static_cast<int32_t>(l));
+      s.kivi_staging.assign(staging.begin(), staging.end());
+    }
+    if (with_bytes && kivi_ != nullptr) {
+      SnapshotKivi(static_cast<int32_t>(l), s);
+    } else if (with_bytes) {
       // A device error leaves the bytes out; the caller sees device_error().
       absl::StatusOr<LayerKvCopy> kv = ReadLayer(static_cast<int32_t>(l));
       if (kv.ok()) {

@@ -16,12 +16,19 @@ void HostSlotSpans(std::byte* arena, const PageLayout& layout,
       side.emplace_back(at, bytes);
     }
   };
+  const bool kivi = IsKivi(layout.dtype);
   for (int64_t slot = first; slot < first + n;) {
     const PageId page = pages[slot / layout.page_tokens];
     const int32_t in_page = static_cast<int32_t>(slot % layout.page_tokens);
     const int64_t run =
         std::min<int64_t>(layout.page_tokens - in_page, first + n - slot);
-    add(out->keys, arena + layout.key_offset(page, in_page), run * token_bytes);
+    if (kivi) {  // the page's whole key block (in_page is 0)
+      add(out->keys, arena + layout.key_offset(page, 0),
+          static_cast<size_t>(layout.key_block_bytes()));
+    } else {
+      add(out->keys, arena + layout.key_offset(page, in_page),
+          run * token_bytes);
+    }
     add(out->values, arena + layout.value_offset(page, in_page),
         run * token_bytes);
     slot += run;

@@ -24,7 +24,9 @@ struct SlotSpans {
 };
 
 // The pieces, in a host arena of pages of `layout`, of slots [first, first +
-// n) of a layer whose block table is `pages` (appended to `out`).
+// n) of a layer whose block table is `pages` (appended to `out`). kivi_int4:
+// the keys are the whole key blocks of the pages the slots touch, and
+// `first` must start a page.
 void HostSlotSpans(std::byte* arena, const PageLayout& layout,
                    std::span<const PageId> pages, int64_t first, int64_t n,
                    SlotSpans* out);

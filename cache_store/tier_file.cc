@@ -13,7 +13,12 @@ namespace kvkeep {
 namespace {
 
 constexpr char kMagic[8] = {'K', 'V', 'K', 'T', 'I', 'E', 'R', '1'};
+// 1: token records; 2: kivi_int4 (key blocks, then each layer's staging
+// after its values). Format 1 is still written for every other session, so
+// older builds read what they always read, and refuse a kivi_int4 file by
+// its format instead of misreading it.
 constexpr uint32_t kFormat = 1;
+constexpr uint32_t kKiviFormat = 2;
 constexpr size_t kHeaderBytes = sizeof(kMagic) + 4 + 4 + 8;
 
 class Writer {
@@ -88,7 +93,7 @@ class Reader {
   bool ok_ = true;
 };
 
-void EncodeLayer(const LayerSnapshot& l, Writer& w) {
+void EncodeLayer(const LayerSnapshot& l, bool kivi, Writer& w) {
   w.PutArray(std::span<const int64_t>(l.position));
   w.PutArray(std::span<const int64_t>(l.arrival));
   w.PutArray(std::span<const float>(l.score));
@@ -98,9 +103,10 @@ void EncodeLayer(const LayerSnapshot& l, Writer& w) {
   w.Put<int64_t>(l.budget);
   w.PutArray(std::span<const std::byte>(l.keys));
   w.PutArray(std::span<const std::byte>(l.values));
+  if (kivi) w.PutArray(std::span<const float>(l.kivi_staging));
 }
 
-LayerSnapshot DecodeLayer(Reader& r) {
+LayerSnapshot DecodeLayer(bool kivi, Reader& r) {
   LayerSnapshot l;
   l.position = r.GetArray<int64_t>();
   l.arrival = r.GetArray<int64_t>();
@@ -111,6 +117,7 @@ LayerSnapshot DecodeLayer(Reader& r) {
   l.budget = r.Get<int64_t>();
   l.keys = r.GetArray<std::byte>();
   l.values = r.GetArray<std::byte>();
+  if (kivi) l.kivi_staging = r.GetArray<float>();
   return l;
 }
 
@@ -137,11 +144,12 @@ void EncodePayload(const SessionSnapshot& s, Writer& w) {
                      ? absl::ToInt64Nanoseconds(*s.idle_timeout)
                      : 0);
   w.Put<uint64_t>(s.layers.size());
-  for (const LayerSnapshot& l : s.layers) EncodeLayer(l, w);
+  for (const LayerSnapshot& l : s.layers) EncodeLayer(l, s.kivi, w);
 }
 
-SessionSnapshot DecodePayload(Reader& r) {
+SessionSnapshot DecodePayload(bool kivi, Reader& r) {
   SessionSnapshot s;
+  s.kivi = kivi;
   s.id = r.Get<uint64_t>();
   s.layout = r.GetString();
   s.policy.name = r.GetString();
@@ -165,7 +173,7 @@ SessionSnapshot DecodePayload(Reader& r) {
   const uint64_t layers = r.Get<uint64_t>();
   // No reserve: a damaged count stops at the first read past the end.
   for (uint64_t l = 0; l < layers && r.ok(); ++l) {
-    s.layers.push_back(DecodeLayer(r));
+    s.layers.push_back(DecodeLayer(kivi, r));
   }
   return s;
 }
@@ -180,8 +188,9 @@ std::vector<std::byte> EncodeTierFile(const SessionSnapshot& snapshot) {
       std::span<const std::byte>(out).subspan(kHeaderBytes);
   const uint32_t crc = Crc32c(0, body);
   const uint64_t size = body.size();
+  const uint32_t format = snapshot.kivi ? kKiviFormat : kFormat;
   std::memcpy(out.data(), kMagic, sizeof(kMagic));
-  std::memcpy(out.data() + 8, &kFormat, 4);
+  std::memcpy(out.data() + 8, &format, 4);
   std::memcpy(out.data() + 12, &crc, 4);
   std::memcpy(out.data() + 16, &size, 8);
   return out;
@@ -200,9 +209,10 @@ absl::StatusOr<SessionSnapshot> DecodeTierFile(
   std::memcpy(&format, bytes.data() + 8, 4);
   std::memcpy(&crc, bytes.data() + 12, 4);
   std::memcpy(&size, bytes.data() + 16, 8);
-  if (format != kFormat) {
-    return absl::DataLossError(absl::StrCat("tier file format ", format,
-                                            "; this build reads ", kFormat));
+  if (format != kFormat && format != kKiviFormat) {
+    return absl::DataLossError(
+        absl::StrCat("tier file format ", format, "; this build reads ",
+                     kFormat, " and ", kKiviFormat, " (kivi_int4)"));
   }
   const std::span<const std::byte> body = bytes.subspan(kHeaderBytes);
   if (size != body.size()) {
@@ -217,7 +227,7 @@ absl::StatusOr<SessionSnapshot> DecodeTierFile(
                         actual, crc));
   }
   Reader r(body);
-  SessionSnapshot snapshot = DecodePayload(r);
+  SessionSnapshot snapshot = DecodePayload(format == kKiviFormat, r);
   if (!r.ok() || r.left() != 0) {
     return absl::DataLossError(
         "tier file payload does not parse (a length past its end or bytes "

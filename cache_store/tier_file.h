@@ -3,6 +3,8 @@
 // reads what was written. Layout (little-endian):
 //   "KVKTIER1" | u32 format | u32 CRC32C of the payload | u64 payload bytes |
 //   payload (the snapshot's fields in a fixed order; tier_file.cc)
+// Format 1 holds token records; format 2 a kivi_int4 session (its key
+// blocks, and each layer's staging after its values).
 // The checksum covers every payload byte; a decode checks it before reading
 // any field and bounds-checks every length against what is left, so damaged
 // or hostile bytes give DATA_LOSS, never a crash or a huge allocation.

@@ -32,6 +32,15 @@ size_t TotalBytes(const std::vector<std::span<const std::byte>>& pieces) {
   return n;
 }
 
+// Key and value bytes of slots [first, first + n) of a layer as they travel:
+// kivi_int4's keys are the whole key blocks of the pages the slots touch.
+int64_t SlotRunBytes(const PageLayout& layout, int64_t first, int64_t n) {
+  if (!IsKivi(layout.dtype)) return 2 * n * layout.token_bytes();
+  const int64_t p = layout.page_tokens;
+  const int64_t pages = (first % p + n + p - 1) / p;
+  return pages * layout.key_block_bytes() + n * layout.token_bytes();
+}
+
 // Walks a list of pieces (ChunkView's keys or values) from the front.
 class Pieces {
  public:
@@ -119,7 +128,14 @@ absl::Status ReceiveChunks(SlotStream& stream, SideReceive& receive,
               std::span<const PageId> pages, int64_t first,
               int64_t n) -> absl::Status {
             SlotSpans spans;
-            receive.bytes += 2 * n * page_layout.token_bytes();
+            if (IsKivi(page_layout.dtype) &&
+                first % page_layout.page_tokens != 0) {
+              return absl::InvalidArgumentError(absl::StrCat(
+                  "data socket: a kivi_int4 chunk of layer ", layer,
+                  " starts at slot ", first,
+                  ", not on a page's first slot (its key blocks move whole)"));
+            }
+            receive.bytes += SlotRunBytes(page_layout, first, n);
             if (std::byte* arena = memory.host_data(); arena != nullptr) {
               HostSlotSpans(arena, page_layout, pages, first, n, &spans);
               return stream.ReceiveChunk(*header, spans);
@@ -333,8 +349,8 @@ class ReceiveReactor final
     begun_ = true;
     for (const LayoutStats& l : store_->Layouts()) {
       if (l.layout.name == snapshot->layout) {
-        token_bytes_ =
-            static_cast<size_t>(l.layout.page_layout().token_bytes());
+        page_layout_ = l.layout.page_layout();
+        token_bytes_ = static_cast<size_t>(page_layout_.token_bytes());
       }
     }
     std::vector<int64_t> resident;
@@ -502,6 +518,7 @@ class ReceiveReactor final
                        "over ",
                        receive_->transport));
     }
+    if (IsKivi(page_layout_.dtype)) return TakeKiviChunk(chunk);
     const size_t kv_bytes = TotalBytes(chunk.keys);
     if (kv_bytes != TotalBytes(chunk.values) || token_bytes_ == 0 ||
         kv_bytes % token_bytes_ != 0) {
@@ -547,6 +564,46 @@ class ReceiveReactor final
           chunk.first_slot, ": the chunk's CRC32C does not match its bytes"));
     }
     bytes_ += static_cast<int64_t>(2 * kv_bytes);
+    return absl::OkStatus();
+  }
+
+  // A kivi_int4 chunk (SessionState.format 2): the whole key blocks of the
+  // pages its value records cover. Both are gathered, checked against the
+  // CRC32C and only then written (Write refuses a chunk that does not start
+  // on a page's first slot).
+  absl::Status TakeKiviChunk(const Chunk& chunk) {
+    const size_t key_bytes = TotalBytes(chunk.keys);
+    const size_t value_bytes = TotalBytes(chunk.values);
+    const size_t p = static_cast<size_t>(page_layout_.page_tokens);
+    const size_t block_bytes =
+        static_cast<size_t>(page_layout_.key_block_bytes());
+    const size_t tokens = value_bytes / token_bytes_;
+    if (tokens == 0 || value_bytes != tokens * token_bytes_ ||
+        key_bytes != (tokens + p - 1) / p * block_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "transfer ", transfer_id_, ": layer ", chunk.layer, " slot ",
+          chunk.first_slot, ": ", key_bytes, " key and ", value_bytes,
+          " value bytes are not whole kivi_int4 pages (a key block of ",
+          block_bytes, " bytes a page of ", p, " tokens, ", token_bytes_,
+          " value bytes a token)"));
+    }
+    kivi_keys_.resize(key_bytes);
+    kivi_values_.resize(value_bytes);
+    Pieces keys(chunk.keys);
+    Pieces values(chunk.values);
+    keys.Gather(kivi_keys_);
+    values.Gather(kivi_values_);
+    if (Crc32c(Crc32c(0, kivi_keys_), kivi_values_) !=
+        chunk.crc32c.value_or(0)) {
+      return absl::DataLossError(absl::StrCat(
+          "transfer ", transfer_id_, ": layer ", chunk.layer, " slot ",
+          chunk.first_slot, ": the chunk's CRC32C does not match its bytes"));
+    }
+    if (absl::Status s = pending_->Write(chunk.layer, kivi_keys_, kivi_values_);
+        !s.ok()) {
+      return s;
+    }
+    bytes_ += static_cast<int64_t>(key_bytes + value_bytes);
     return absl::OkStatus();
   }
 
@@ -620,7 +677,11 @@ class ReceiveReactor final
   bool begun_ = false;      // log_->Begin was called
   uint64_t fence_ = 0;      // what it returned
   bool resolving_ = false;  // the stream carried a resolve
+  PageLayout page_layout_;  // of the session's layout, once the header came
   size_t token_bytes_ = 0;  // one token's keys (or values) in one layer
+  // kivi_int4: a chunk's key blocks and values, gathered.
+  std::vector<std::byte> kivi_keys_;
+  std::vector<std::byte> kivi_values_;
   std::unique_ptr<CacheStore::PendingImport> pending_;
   std::shared_ptr<SideReceive> receive_;
   std::vector<std::byte> straddle_;  // one token's keys and values

@@ -50,8 +50,10 @@ absl::StatusOr<DataSocket> ConnectData(const SendOptions& options,
 absl::StatusOr<std::unique_ptr<PageSender>> ChooseSender(
     const v1::TransferReply& ready, const SendOptions& options,
     TransferCall* call) {
-  const int64_t slots_per_chunk =
-      std::max<int64_t>(1, options.chunk_bytes / (2 * options.token_bytes));
+  const int64_t multiple = options.chunk_slot_multiple;
+  const int64_t slots_per_chunk = std::max<int64_t>(
+      multiple,
+      options.chunk_bytes / (2 * options.token_bytes) / multiple * multiple);
   absl::StatusOr<Transport> chosen = ParseTransport(ready.transport());
   if (!chosen.ok() || *chosen == Transport::kAuto) {
     return absl::InternalError(
@@ -116,11 +118,13 @@ absl::Status SendPages(const SessionSnapshot& snapshot,
           return s;
         }
       }
-      if (absl::Status s = sender.Send(ChunkOf(layer, first, n, spans));
-          !s.ok()) {
-        return s;
-      }
-      *bytes += 2 * n * token_bytes;
+      const Chunk chunk = ChunkOf(layer, first, n, spans);
+      if (absl::Status s = sender.Send(chunk); !s.ok()) return s;
+      // What went (kivi_int4: key blocks and value records); NCCL reads no
+      // bytes through the host and moves whole tokens.
+      *bytes += sender.needs_bytes()
+                    ? static_cast<int64_t>(KeyBytes(chunk) + ValueBytes(chunk))
+                    : 2 * n * token_bytes;
     }
   }
   return sender.Finish();

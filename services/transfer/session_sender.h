@@ -35,7 +35,10 @@ namespace kvkeep {
 inline constexpr char kPeerTokenMetadata[] = "kvkeep-peer-token";
 
 struct SendOptions {
-  int64_t token_bytes = 0;   // one token's keys (or values) in one layer
+  int64_t token_bytes = 0;  // one token's keys (or values) in one layer
+  // Chunks start on multiples of this many slots: kivi_int4's page_tokens
+  // (its keys move as whole key blocks, SessionState.format 2), else 1.
+  int64_t chunk_slot_multiple = 1;
   std::string target;        // host:port
   std::string target_token;  // bearer token, or empty
   std::string peer_token;    // this store's peer token, or empty

@@ -8,6 +8,13 @@
 #include "cache_store/quote.h"
 
 namespace kvkeep {
+namespace {
+
+// SessionState.format: token records, or kivi_int4's key blocks and staging.
+constexpr uint32_t kRecordsFormat = 1;
+constexpr uint32_t kKiviFormat = 2;
+
+}  // namespace
 
 void StateToProto(const SessionSnapshot& s, v1::SessionState* out) {
   out->set_session_id(SessionName(s.id));
@@ -29,6 +36,7 @@ void StateToProto(const SessionSnapshot& s, v1::SessionState* out) {
   if (s.policy.protect_first > 0) {
     out->set_protect_first(s.policy.protect_first);
   }
+  if (s.kivi) out->set_format(kKiviFormat);
   for (const LayerSnapshot& l : s.layers) {
     v1::LayerState* p = out->add_layers();
     p->mutable_positions()->Add(l.position.begin(), l.position.end());
@@ -38,6 +46,8 @@ void StateToProto(const SessionSnapshot& s, v1::SessionState* out) {
     p->set_appended(l.appended);
     p->set_version(l.version);
     p->set_budget(l.budget);
+    p->mutable_kivi_staging()->Add(l.kivi_staging.begin(),
+                                   l.kivi_staging.end());
   }
 }
 
@@ -47,8 +57,15 @@ absl::StatusOr<SessionSnapshot> StateFromProto(const v1::SessionState& p) {
     return absl::InvalidArgumentError(absl::StrCat(
         "session_id ", Quote(p.session_id()), " is not a kvkeep session id"));
   }
+  if (p.format() > kKiviFormat) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session state format ", p.format(),
+                     " is newer than this store reads (", kRecordsFormat,
+                     ": token records, ", kKiviFormat, ": kivi_int4)"));
+  }
   SessionSnapshot s;
   s.id = *id;
+  s.kivi = p.format() == kKiviFormat;
   s.layout = p.layout();
   s.policy.name = p.policy();
   for (const auto& [k, v] : p.policy_params()) s.policy.params[k] = v;
@@ -84,6 +101,7 @@ absl::StatusOr<SessionSnapshot> StateFromProto(const v1::SessionState& p) {
     layer.appended = l.appended();
     layer.version = l.version();
     layer.budget = l.budget();
+    layer.kivi_staging.assign(l.kivi_staging().begin(), l.kivi_staging().end());
     s.layers.push_back(std::move(layer));
   }
   return s;

@@ -197,6 +197,9 @@ TransferOutcome TransferCoordinator::Run(const OutgoingTransfer& transfer,
   options.deadline = std::min(transfer.deadline, limit);
   options.cancel = transfer.cancel.get();
   options.token_bytes = pool->page_layout.token_bytes();
+  if (IsKivi(pool->page_layout.dtype)) {
+    options.chunk_slot_multiple = pool->page_layout.page_tokens;
+  }
   // The session is frozen: its block tables hold still while it moves.
   std::vector<std::optional<BlockTable>> tables(snapshot->layers.size());
   auto pages_of =
