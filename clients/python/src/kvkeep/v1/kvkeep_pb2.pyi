@@ -646,7 +646,7 @@ class TransferSessionResponse(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., transfer_id: _Optional[str] = ..., transport: _Optional[str] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class LayerState(_message.Message):
-    __slots__ = ("positions", "arrivals", "scores", "history", "appended", "version", "budget")
+    __slots__ = ("positions", "arrivals", "scores", "history", "appended", "version", "budget", "kivi_staging")
     POSITIONS_FIELD_NUMBER: _ClassVar[int]
     ARRIVALS_FIELD_NUMBER: _ClassVar[int]
     SCORES_FIELD_NUMBER: _ClassVar[int]
@@ -654,6 +654,7 @@ class LayerState(_message.Message):
     APPENDED_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
+    KIVI_STAGING_FIELD_NUMBER: _ClassVar[int]
     positions: _containers.RepeatedScalarFieldContainer[int]
     arrivals: _containers.RepeatedScalarFieldContainer[int]
     scores: _containers.RepeatedScalarFieldContainer[float]
@@ -661,10 +662,11 @@ class LayerState(_message.Message):
     appended: int
     version: int
     budget: int
-    def __init__(self, positions: _Optional[_Iterable[int]] = ..., arrivals: _Optional[_Iterable[int]] = ..., scores: _Optional[_Iterable[float]] = ..., history: _Optional[_Iterable[int]] = ..., appended: _Optional[int] = ..., version: _Optional[int] = ..., budget: _Optional[int] = ...) -> None: ...
+    kivi_staging: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, positions: _Optional[_Iterable[int]] = ..., arrivals: _Optional[_Iterable[int]] = ..., scores: _Optional[_Iterable[float]] = ..., history: _Optional[_Iterable[int]] = ..., appended: _Optional[int] = ..., version: _Optional[int] = ..., budget: _Optional[int] = ..., kivi_staging: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SessionState(_message.Message):
-    __slots__ = ("session_id", "layout", "policy", "policy_params", "tenant", "last_position", "compressed", "evicted_tokens", "evicted_score", "score_updates", "evictions", "layers", "idle_timeout_seconds", "protect_first")
+    __slots__ = ("session_id", "layout", "policy", "policy_params", "tenant", "last_position", "compressed", "evicted_tokens", "evicted_score", "score_updates", "evictions", "layers", "idle_timeout_seconds", "protect_first", "format")
     class PolicyParamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -686,6 +688,7 @@ class SessionState(_message.Message):
     LAYERS_FIELD_NUMBER: _ClassVar[int]
     IDLE_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PROTECT_FIRST_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     layout: str
     policy: str
@@ -700,7 +703,8 @@ class SessionState(_message.Message):
     layers: _containers.RepeatedCompositeFieldContainer[LayerState]
     idle_timeout_seconds: float
     protect_first: int
-    def __init__(self, session_id: _Optional[str] = ..., layout: _Optional[str] = ..., policy: _Optional[str] = ..., policy_params: _Optional[_Mapping[str, str]] = ..., tenant: _Optional[str] = ..., last_position: _Optional[int] = ..., compressed: _Optional[bool] = ..., evicted_tokens: _Optional[int] = ..., evicted_score: _Optional[float] = ..., score_updates: _Optional[int] = ..., evictions: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerState, _Mapping]]] = ..., idle_timeout_seconds: _Optional[float] = ..., protect_first: _Optional[int] = ...) -> None: ...
+    format: int
+    def __init__(self, session_id: _Optional[str] = ..., layout: _Optional[str] = ..., policy: _Optional[str] = ..., policy_params: _Optional[_Mapping[str, str]] = ..., tenant: _Optional[str] = ..., last_position: _Optional[int] = ..., compressed: _Optional[bool] = ..., evicted_tokens: _Optional[int] = ..., evicted_score: _Optional[float] = ..., score_updates: _Optional[int] = ..., evictions: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerState, _Mapping]]] = ..., idle_timeout_seconds: _Optional[float] = ..., protect_first: _Optional[int] = ..., format: _Optional[int] = ...) -> None: ...
 
 class TransferChunk(_message.Message):
     __slots__ = ("layer", "first_slot", "keys", "values", "crc32c")
