@@ -26,6 +26,7 @@
 #include "tests/testing/faulty_page_sender.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_server.h"
+#include "tests/testing/transfer_store.h"
 #include "tests/token_data.h"
 
 namespace kvkeep {
@@ -36,43 +37,18 @@ using ::testing::HasSubstr;
 
 const ModelLayout kKivi = test_data::SmallLayout(DType::kKiviInt4, "kivi");
 
-// A kvkeepd on a loopback port with a kivi_int4 pool and a data socket.
-class Store {
+// A kvkeepd with a kivi_int4 pool and a data socket.
+class Store : public testing::TransferStore {
  public:
-  explicit Store(ServiceOptions options = {}) {
-    ServerConfig config = testing::TestServerConfig({PoolSpec{kKivi, 256}});
-    config.transfer_listen = "127.0.0.1:0";
-    ServerHooks hooks;
-    hooks.edit_service_options =
-        [wrap = std::move(options.wrap_transfer_sender)](ServiceOptions& o) {
-          o.wrap_transfer_sender = wrap;
-        };
-    server_ = *KvKeepServer::Start(config, std::move(hooks));
-    client::ClientOptions client_options;
-    client_options.address = server_->address();
-    client_ = std::make_unique<client::KvKeepClient>(
-        *client::KvKeepClient::Connect(client_options));
-  }
-  CacheStore& store() { return server_->store(); }
-  const std::string& address() const { return server_->address(); }
-  int64_t used_pages() { return store().Layouts()[0].pool.used_pages; }
-  client::KvKeepClient& client() { return *client_; }
+  explicit Store(ServiceOptions options = {})
+      : TransferStore(PoolSpec{kKivi, 256}, std::move(options)) {}
 
   grpc::Status Transfer(SessionId id, const std::string& target,
                         const std::string& transport,
                         v1::TransferSessionResponse* out) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
-    v1::TransferSessionRequest request;
-    request.set_session_id(SessionName(id));
-    request.set_target(target);
-    request.set_transport(transport);
-    return client_->stub().TransferSession(&ctx, request, out);
+    return testing::TransferSession(*this, SessionName(id), target, out, "",
+                                    absl::Seconds(60), transport);
   }
-
- private:
-  std::unique_ptr<KvKeepServer> server_;
-  std::unique_ptr<client::KvKeepClient> client_;
 };
 
 SessionId Open(CacheStore& store, const PolicySpec& policy) {

@@ -5,34 +5,29 @@
 // is corrupted or the deadline passes, the session stays on the source,
 // unchanged and serving, and the target holds no page; a session being sent
 // takes no changes. The same against a target whose ReceiveSession is the
-// raw reactor (chunks read in place). And the hand-made wire form of a
-// chunk: byte for byte what protobuf serializes, and read back from any
-// split into slices.
+// raw reactor (chunks read in place).
 #include <atomic>
-#include <chrono>
 #include <memory>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "cache_store/cache_store.h"
 #include "gmock/gmock.h"
 #include "grpcpp/client_context.h"
-#include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
 #include "services/client/kvkeep_client.h"
 #include "services/kvkeepd/kvkeep_server.h"
 #include "services/kvkeepd/kvkeep_service.h"
-#include "services/transfer/chunk_wire.h"
 #include "services/transfer/session_receiver.h"
 #include "services/transfer/session_state.h"
 #include "services/transfer/tcp_transport.h"
 #include "tests/testing/faulty_page_sender.h"
 #include "tests/testing/metrics_testing.h"
 #include "tests/testing/test_server.h"
+#include "tests/testing/transfer_store.h"
 
 namespace kvkeep {
 namespace {
@@ -51,40 +46,14 @@ ModelLayout Layout(int32_t head_dim = 8) {
   return l;
 }
 
-// A kvkeepd (KvKeepServer) on a loopback port, with a data socket for
-// incoming transfers on `data_listen` (none if empty); `options` gives its
-// outgoing transfers' page-sender wrapper (faults).
-class Store {
+// A store of Layout(head_dim) (testing::TransferStore).
+class Store : public testing::TransferStore {
  public:
   explicit Store(int64_t pages, ServiceOptions options = {}, Device device = {},
                  int32_t head_dim = 8,
-                 const std::string& data_listen = "127.0.0.1:0") {
-    ServerConfig config =
-        testing::TestServerConfig({PoolSpec{Layout(head_dim), pages}});
-    config.device = device.name();
-    config.transfer_listen = data_listen.empty() ? "off" : data_listen;
-    ServerHooks hooks;
-    hooks.edit_service_options =
-        [wrap = std::move(options.wrap_transfer_sender)](ServiceOptions& o) {
-          o.wrap_transfer_sender = wrap;
-        };
-    server_ = *KvKeepServer::Start(config, std::move(hooks));
-    client::ClientOptions client_options;
-    client_options.address = address();
-    client_ = std::make_unique<client::KvKeepClient>(
-        *client::KvKeepClient::Connect(client_options));
-  }
-  void Stop() { server_->Stop(absl::Seconds(5)); }
-
-  CacheStore& store() { return server_->store(); }
-  const std::string& address() const { return server_->address(); }
-  client::KvKeepClient& client() { return *client_; }
-  int64_t used_pages() { return store().Layouts()[0].pool.used_pages; }
-  int data_port() const { return server_->data_port(); }
-
- private:
-  std::unique_ptr<KvKeepServer> server_;
-  std::unique_ptr<client::KvKeepClient> client_;
+                 const std::string& data_listen = "127.0.0.1:0")
+      : TransferStore(PoolSpec{Layout(head_dim), pages}, std::move(options),
+                      device.name(), data_listen) {}
 };
 
 // A target whose ReceiveSession is registered raw, as a service switches to
@@ -126,21 +95,7 @@ class RawTarget {
   std::unique_ptr<KvKeepServer> server_;  // last: stops before the rest
 };
 
-grpc::Status Transfer(Store& from, const std::string& session,
-                      const std::string& target,
-                      v1::TransferSessionResponse* out,
-                      const std::string& transfer_id = "",
-                      absl::Duration deadline = absl::Seconds(60),
-                      const std::string& transport = "") {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
-  v1::TransferSessionRequest request;
-  request.set_session_id(session);
-  request.set_target(target);
-  request.set_transfer_id(transfer_id);
-  request.set_transport(transport);
-  return from.client().stub().TransferSession(&ctx, request, out);
-}
+using testing::TransferSession;
 
 // A session of `policy` on `store` after 40 decode steps with queries.
 client::Session Decoded(Store& store, const std::string& policy,
@@ -192,8 +147,8 @@ TEST_P(EachTransport, ASessionMovesAndDecodesAsItWouldHave) {
                     .ok());
     v1::TransferSessionResponse response;
     const grpc::Status status =
-        Transfer(source, s.id(), target.address(), &response, "",
-                 absl::Seconds(60), transport);
+        TransferSession(source, s.id(), target.address(), &response, "",
+                        absl::Seconds(60), transport);
     ASSERT_TRUE(status.ok()) << status.error_message();
     EXPECT_EQ(response.session_id(), s.id());
     EXPECT_EQ(response.transport(), transport);
@@ -253,8 +208,9 @@ TEST(TransferTest, TheLeaseTravelsWithTheSession) {
   std::mt19937 rng(3);
   ASSERT_TRUE(metrics_testing::DecodeWithQueries(*s, 20, 0, rng).ok());
   v1::TransferSessionResponse response;
-  const grpc::Status status = Transfer(source, s->id(), target.address(),
-                                       &response, "", absl::Seconds(60), "tcp");
+  const grpc::Status status =
+      TransferSession(source, s->id(), target.address(), &response, "",
+                      absl::Seconds(60), "tcp");
   ASSERT_TRUE(status.ok()) << status.error_message();
   absl::StatusOr<v1::SessionStats> there =
       target.client().GetSessionStats(s->id());
@@ -285,8 +241,9 @@ TEST(TransferTest, AChildOfAPrefixKeepsItsProtectedTokensWhenMoved) {
       source.client().CreateSession(from_prefix);
   ASSERT_TRUE(child.ok()) << child.status();
   v1::TransferSessionResponse response;
-  const grpc::Status status = Transfer(source, child->id(), target.address(),
-                                       &response, "", absl::Seconds(60), "tcp");
+  const grpc::Status status =
+      TransferSession(source, child->id(), target.address(), &response, "",
+                      absl::Seconds(60), "tcp");
   ASSERT_TRUE(status.ok()) << status.error_message();
   const SessionId id = *ParseSessionName(child->id());
   absl::StatusOr<SessionSnapshot> there =
@@ -347,18 +304,19 @@ TEST(TransferTest, TheTransportIsChosenPerTransfer) {
   const LayerKvCopy before =
       *source.store().ReadLayer(*ParseSessionName(s.id()), 1);
   v1::TransferSessionResponse response;
-  grpc::Status status = Transfer(source, s.id(), target.address(), &response,
-                                 "", absl::Seconds(60), "nccl");
+  grpc::Status status =
+      TransferSession(source, s.id(), target.address(), &response, "",
+                      absl::Seconds(60), "nccl");
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(status.error_message(), HasSubstr("host memory"));
-  status = Transfer(source, s.id(), target.address(), &response, "",
-                    absl::Seconds(60), "carrier-pigeon");
+  status = TransferSession(source, s.id(), target.address(), &response, "",
+                           absl::Seconds(60), "carrier-pigeon");
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   ExpectServedUnchanged(source, s, before, rng);
   EXPECT_TRUE(Emptied(target));
 
-  status = Transfer(source, s.id(), target.address(), &response, "",
-                    absl::Seconds(60), "auto");
+  status = TransferSession(source, s.id(), target.address(), &response, "",
+                           absl::Seconds(60), "auto");
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(response.transport(), "tcp");
 }
@@ -375,15 +333,16 @@ void ExpectTcpRefusedAndChunksTaken(Store& target, grpc::StatusCode code,
   const SessionId id = *ParseSessionName(s.id());
   const LayerKvCopy before = *source.store().ReadLayer(id, 1);
   v1::TransferSessionResponse response;
-  grpc::Status status = Transfer(source, s.id(), target.address(), &response,
-                                 "", absl::Seconds(60), "tcp");
+  grpc::Status status =
+      TransferSession(source, s.id(), target.address(), &response, "",
+                      absl::Seconds(60), "tcp");
   EXPECT_EQ(status.error_code(), code) << status.error_message();
   EXPECT_THAT(status.error_message(), HasSubstr(why));
   ExpectServedUnchanged(source, s, before, rng);
   EXPECT_TRUE(Emptied(target));
 
   const LayerKvCopy sent = *source.store().ReadLayer(id, 1);
-  status = Transfer(source, s.id(), target.address(), &response);
+  status = TransferSession(source, s.id(), target.address(), &response);
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(response.transport(), "host");
   absl::StatusOr<LayerKvCopy> arrived = target.store().ReadLayer(id, 1);
@@ -432,7 +391,7 @@ TEST(TransferTest, StrangersOnTheDataSocketAreTurnedAway) {
   const client::Session s = Decoded(source, "h2o", rng);
   v1::TransferSessionResponse response;
   const grpc::Status status =
-      Transfer(source, s.id(), target.address(), &response);
+      TransferSession(source, s.id(), target.address(), &response);
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(response.transport(), "tcp");
 }
@@ -460,8 +419,8 @@ TEST(TransferNcclTest, GpuPoolsMoveTheirPagesOverNccl) {
                     .ok());
     v1::TransferSessionResponse response;
     const grpc::Status status =
-        Transfer(source, s.id(), target.address(), &response, "",
-                 absl::Seconds(120), round == 0 ? "nccl" : "auto");
+        TransferSession(source, s.id(), target.address(), &response, "",
+                        absl::Seconds(120), round == 0 ? "nccl" : "auto");
     ASSERT_TRUE(status.ok()) << status.error_message();
     EXPECT_EQ(response.transport(), "nccl");
     for (int32_t l = 0; l < 2; ++l) {
@@ -479,13 +438,14 @@ TEST(TransferNcclTest, GpuPoolsMoveTheirPagesOverNccl) {
   const LayerKvCopy before =
       *source.store().ReadLayer(*ParseSessionName(s.id()), 1);
   v1::TransferSessionResponse response;
-  grpc::Status status = Transfer(source, s.id(), host_target.address(),
-                                 &response, "", absl::Seconds(60), "nccl");
+  grpc::Status status =
+      TransferSession(source, s.id(), host_target.address(), &response, "",
+                      absl::Seconds(60), "nccl");
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   ExpectServedUnchanged(source, s, before, rng);
   EXPECT_EQ(host_target.used_pages(), 0);
-  status = Transfer(source, s.id(), host_target.address(), &response, "",
-                    absl::Seconds(60), "auto");
+  status = TransferSession(source, s.id(), host_target.address(), &response, "",
+                           absl::Seconds(60), "auto");
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(response.transport(), "host");
 }
@@ -499,8 +459,8 @@ TEST_P(EachTransport, AFullTargetRefusesBeforeAnyByteMoves) {
       *source.store().ReadLayer(*ParseSessionName(s.id()), 1);
   v1::TransferSessionResponse response;
   const grpc::Status status =
-      Transfer(source, s.id(), target.address(), &response, "",
-               absl::Seconds(60), transport);
+      TransferSession(source, s.id(), target.address(), &response, "",
+                      absl::Seconds(60), transport);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
       << status.error_message();
   EXPECT_THAT(status.error_message(), HasSubstr("stays here"));
@@ -527,8 +487,9 @@ TEST_P(EachTransport, ACorruptedChunkIsCaughtAndARetrySucceeds) {
   const LayerKvCopy before =
       *source.store().ReadLayer(*ParseSessionName(s.id()), 1);
   v1::TransferSessionResponse response;
-  grpc::Status status = Transfer(source, s.id(), target.address(), &response,
-                                 "t-1", absl::Seconds(60), transport);
+  grpc::Status status =
+      TransferSession(source, s.id(), target.address(), &response, "t-1",
+                      absl::Seconds(60), transport);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::DATA_LOSS)
       << status.error_message();
   EXPECT_THAT(status.error_message(), HasSubstr("CRC32C"));
@@ -536,8 +497,8 @@ TEST_P(EachTransport, ACorruptedChunkIsCaughtAndARetrySucceeds) {
   ExpectServedUnchanged(source, s, before, rng);
 
   corrupt = false;
-  status = Transfer(source, s.id(), target.address(), &response, "t-2",
-                    absl::Seconds(60), transport);
+  status = TransferSession(source, s.id(), target.address(), &response, "t-2",
+                           absl::Seconds(60), transport);
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(response.transport(), transport);
   EXPECT_TRUE(target.store().GetStats(*ParseSessionName(s.id())).ok());
@@ -556,8 +517,8 @@ TEST_P(EachTransport, AnUnreachableTargetLeavesTheSessionServing) {
   const LayerKvCopy before =
       *source.store().ReadLayer(*ParseSessionName(s.id()), 1);
   v1::TransferSessionResponse response;
-  const grpc::Status status = Transfer(source, s.id(), gone, &response, "",
-                                       absl::Seconds(60), transport);
+  const grpc::Status status = TransferSession(source, s.id(), gone, &response,
+                                              "", absl::Seconds(60), transport);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE)
       << status.error_message();
   ExpectServedUnchanged(source, s, before, rng);
@@ -583,8 +544,8 @@ TEST_P(EachTransport, ASessionBeingSentTakesNoChangesAndADeadlineAbortsIt) {
   grpc::Status status;
   std::thread caller([&] {
     v1::TransferSessionResponse response;
-    status = Transfer(source, s.id(), target.address(), &response, "",
-                      absl::Milliseconds(500), transport);
+    status = TransferSession(source, s.id(), target.address(), &response, "",
+                             absl::Milliseconds(500), transport);
   });
   sending.WaitForNotification();
   // Frozen: a step is refused with a status that says why; reads work.
@@ -634,12 +595,13 @@ TEST(TransferTest, ARawTargetReceivesTheSameSessionAndChecksEveryChunk) {
   v1::TransferSessionResponse response;
 
   grpc::Status status =
-      Transfer(source, s.id(), full.address(), &response, "raw-1");
+      TransferSession(source, s.id(), full.address(), &response, "raw-1");
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
       << status.error_message();
   EXPECT_EQ(full.used_pages(), 0);
 
-  status = Transfer(source, s.id(), target.address(), &response, "raw-2");
+  status =
+      TransferSession(source, s.id(), target.address(), &response, "raw-2");
   EXPECT_EQ(status.error_code(), grpc::StatusCode::DATA_LOSS)
       << status.error_message();
   EXPECT_THAT(status.error_message(), HasSubstr("CRC32C"));
@@ -649,7 +611,8 @@ TEST(TransferTest, ARawTargetReceivesTheSameSessionAndChecksEveryChunk) {
 
   corrupt = false;
   const SessionSnapshot sent = *source.store().ExportSession(id);
-  status = Transfer(source, s.id(), target.address(), &response, "raw-3");
+  status =
+      TransferSession(source, s.id(), target.address(), &response, "raw-3");
   ASSERT_TRUE(status.ok()) << status.error_message();
   for (int32_t l = 0; l < 2; ++l) {
     const LayerKvCopy a = *target.store().ReadLayer(id, l);
@@ -672,7 +635,7 @@ TEST(TransferTest, ARawTargetHoldsTheBytesByteForByte) {
                     .ok());
     v1::TransferSessionResponse response;
     const grpc::Status status =
-        Transfer(source, s.id(), target.address(), &response);
+        TransferSession(source, s.id(), target.address(), &response);
     ASSERT_TRUE(status.ok()) << status.error_message();
     for (int32_t l = 0; l < 2; ++l) {
       const LayerKvCopy a = *target.store().ReadLayer(id, l);
@@ -710,182 +673,13 @@ TEST(TransferTest, ARawTargetReadsLargeChunksSplitAcrossSlices) {
   ASSERT_TRUE(source.store().Append(id, AppendRequest{positions, layers}).ok());
   v1::TransferSessionResponse response;
   const grpc::Status status =
-      Transfer(source, SessionName(id), target.address(), &response);
+      TransferSession(source, SessionName(id), target.address(), &response);
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(response.bytes(), 2 * 2 * kTokens * kTokenBytes);
   for (int32_t l = 0; l < 2; ++l) {
     const LayerKvCopy a = *target.store().ReadLayer(id, l);
     EXPECT_EQ(a.positions, positions);
     EXPECT_TRUE(a.keys == keys && a.values == values) << "layer " << l;
-  }
-}
-
-std::string Flatten(const grpc::ByteBuffer& buffer) {
-  std::vector<grpc::Slice> slices;
-  EXPECT_TRUE(buffer.Dump(&slices).ok());
-  std::string out;
-  for (const grpc::Slice& s : slices) {
-    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  }
-  return out;
-}
-
-// `bytes` as a ByteBuffer cut at `cuts` (ascending offsets).
-grpc::ByteBuffer Split(const std::string& bytes, std::vector<size_t> cuts) {
-  cuts.push_back(bytes.size());
-  std::vector<grpc::Slice> slices;
-  size_t at = 0;
-  for (size_t cut : cuts) {
-    slices.emplace_back(bytes.data() + at, cut - at);
-    at = cut;
-  }
-  return grpc::ByteBuffer(slices.data(), slices.size());
-}
-
-std::string Join(const std::vector<std::span<const std::byte>>& pieces) {
-  std::string out;
-  for (const auto& p : pieces) {
-    out.append(reinterpret_cast<const char*>(p.data()), p.size());
-  }
-  return out;
-}
-
-TEST(TransferWireTest, AChunkMessageIsWhatProtobufSerializes) {
-  std::mt19937 rng(8);
-  for (const int32_t layer : {0, 1, 31, 300}) {
-    for (const int64_t first_slot :
-         {int64_t{0}, int64_t{5}, int64_t{1} << 40}) {
-      for (const int64_t kv_bytes : {0, 1, 127, 128, 70000}) {
-        for (const uint32_t crc : {0u, 1u, 0xE3069283u}) {
-          std::string keys(kv_bytes, '\0'), values(kv_bytes, '\0');
-          for (char& b : keys) b = static_cast<char>(rng());
-          for (char& b : values) b = static_cast<char>(rng());
-          Chunk m;
-          m.layer = layer;
-          m.first_slot = first_slot;
-          // In pieces, as a host pool's pages give them.
-          const std::span<const std::byte> k = std::as_bytes(std::span(keys));
-          const std::span<const std::byte> v = std::as_bytes(std::span(values));
-          m.keys = {k.first(kv_bytes / 3), k.subspan(kv_bytes / 3)};
-          m.values = {v};
-          m.crc32c = crc;
-          v1::TransferMessage expected;
-          v1::TransferChunk* c = expected.mutable_chunk();
-          c->set_layer(layer);
-          c->set_first_slot(first_slot);
-          c->set_keys(keys);
-          c->set_values(values);
-          c->set_crc32c(crc);
-          const std::string bytes = Flatten(EncodeChunk(m));
-          // Unclaimed, the checksum is the bytes' own.
-          m.crc32c.reset();
-          c->set_crc32c(ChunkCrc32c(m));
-          EXPECT_EQ(Flatten(EncodeChunk(m)), expected.SerializeAsString());
-          c->set_crc32c(crc);
-          EXPECT_EQ(bytes, expected.SerializeAsString())
-              << layer << " " << first_slot << " " << kv_bytes << " " << crc;
-          v1::TransferMessage parsed;
-          ASSERT_TRUE(parsed.ParseFromString(bytes));
-          EXPECT_EQ(parsed.chunk().keys(), c->keys());
-        }
-      }
-    }
-  }
-}
-
-TEST(TransferWireTest, AChunkIsReadInPlaceFromAnySplit) {
-  v1::TransferMessage message;
-  message.set_transfer_id("t-9");
-  v1::TransferChunk* c = message.mutable_chunk();
-  c->set_layer(3);
-  c->set_first_slot(77);
-  std::mt19937 rng(9);
-  std::string keys(200, '\0'), values(200, '\0');
-  for (char& x : keys) x = static_cast<char>(rng());
-  for (char& x : values) x = static_cast<char>(rng());
-  c->set_keys(keys);
-  c->set_values(values);
-  c->set_crc32c(0xDEADBEEF);
-  const std::string bytes = message.SerializeAsString();
-  auto check = [&](grpc::ByteBuffer buffer) {
-    absl::StatusOr<std::optional<Chunk>> view = DecodeChunk(buffer);
-    ASSERT_TRUE(view.ok()) << view.status();
-    ASSERT_TRUE(view->has_value());
-    const Chunk& v = **view;
-    EXPECT_EQ(v.layer, 3);
-    EXPECT_EQ(v.first_slot, 77);
-    EXPECT_EQ(v.crc32c, 0xDEADBEEFu);
-    EXPECT_EQ(Join(v.keys), keys);
-    EXPECT_EQ(Join(v.values), values);
-  };
-  // Every single cut, every pair of cuts 7 bytes apart, and one byte per
-  // slice: varints, tags and the checksum split anywhere.
-  for (size_t cut = 0; cut <= bytes.size(); ++cut) {
-    SCOPED_TRACE(cut);
-    check(Split(bytes, {cut}));
-    if (cut + 7 <= bytes.size()) check(Split(bytes, {cut, cut + 7}));
-  }
-  std::vector<size_t> every;
-  for (size_t i = 1; i < bytes.size(); ++i) every.push_back(i);
-  check(Split(bytes, every));
-
-  // Fields of the chunk it does not know are skipped, as protobuf does.
-  v1::TransferMessage newer = message;
-  newer.mutable_chunk()
-      ->GetReflection()
-      ->MutableUnknownFields(newer.mutable_chunk())
-      ->AddVarint(99, 12345);
-  check(Split(newer.SerializeAsString(), {9}));
-  // A field of the message it does not know may be a newer member of the
-  // kind oneof, which wins when it comes last: protobuf decides.
-  newer.GetReflection()->MutableUnknownFields(&newer)->AddLengthDelimited(
-      77, "later");
-  grpc::ByteBuffer unknown = Split(newer.SerializeAsString(), {9});
-  absl::StatusOr<std::optional<Chunk>> left = DecodeChunk(unknown);
-  ASSERT_TRUE(left.ok()) << left.status();
-  EXPECT_FALSE(left->has_value());
-}
-
-TEST(TransferWireTest, OtherMessagesAreLeftToProtobufAndGarbageIsRefused) {
-  v1::TransferMessage header;
-  header.set_transfer_id("t");
-  header.mutable_header()->set_session_id("x");
-  v1::TransferMessage commit;
-  commit.set_commit(true);
-  for (const v1::TransferMessage& m : {header, commit}) {
-    grpc::ByteBuffer buffer = Split(m.SerializeAsString(), {});
-    absl::StatusOr<std::optional<Chunk>> view = DecodeChunk(buffer);
-    ASSERT_TRUE(view.ok()) << view.status();
-    EXPECT_FALSE(view->has_value());
-  }
-  // A chunk followed by a resolve is a resolve (found by chunk_wire_fuzz).
-  v1::TransferMessage resolve;
-  resolve.set_resolve(true);
-  {
-    v1::TransferMessage chunk;
-    chunk.mutable_chunk()->set_keys("abcd");
-    grpc::ByteBuffer buffer =
-        Split(chunk.SerializeAsString() + resolve.SerializeAsString(), {});
-    absl::StatusOr<std::optional<Chunk>> view = DecodeChunk(buffer);
-    ASSERT_TRUE(view.ok()) << view.status();
-    EXPECT_FALSE(view->has_value());
-  }
-  // A chunk followed by a commit is a commit (the oneof's last field).
-  v1::TransferMessage chunk;
-  chunk.mutable_chunk()->set_keys("abcd");
-  const std::string both =
-      chunk.SerializeAsString() + commit.SerializeAsString();
-  grpc::ByteBuffer split = Split(both, {3});
-  absl::StatusOr<std::optional<Chunk>> view = DecodeChunk(split);
-  ASSERT_TRUE(view.ok());
-  EXPECT_FALSE(view->has_value());
-  // Truncated anywhere inside: malformed.
-  chunk.mutable_chunk()->set_crc32c(7);
-  const std::string bytes = chunk.SerializeAsString();
-  for (size_t len = 1; len < bytes.size(); ++len) {
-    grpc::ByteBuffer truncated = Split(bytes.substr(0, len), {});
-    view = DecodeChunk(truncated);
-    EXPECT_EQ(view.status().code(), absl::StatusCode::kInvalidArgument) << len;
   }
 }
 
