@@ -79,17 +79,18 @@ def main():
     ap.add_argument("--reference", help="the main grid's answers (f32)")
     ap.add_argument("files", nargs="+")
     args = ap.parse_args()
-    rows, ids = [], set()
+    rows = []
+    main_grid = [json.loads(line) for line in open(args.reference)] if args.reference else []
     for path in args.files:
         name = re.match(r"passkey-(.+)-\d+\.jsonl$", os.path.basename(path)).group(1)
         lines = [json.loads(line) for line in open(path)]
-        ids |= {r["id"] for r in lines}
         for run, rs in cells(lines).items():
             rows.append(summary(FORMATS.get(name, name), run, rs))
-    ref = {}
-    if args.reference:
-        same = [r for r in map(json.loads, open(args.reference)) if r["id"] in ids]
-        ref = {run: summary("f32", run, rs) for run, rs in cells(same).items()}
+            # The main grid's answers to the same tasks with the same run.
+            ids = {r["id"] for r in rs}
+            same = [r for r in main_grid if r["run"] == run and r["id"] in ids]
+            rows[-1]["f32_accuracy"] = (100.0 * sum(r["exact"] for r in same) / len(same)
+                                        if len(same) == len(rs) else None)
     base = [r for r in rows if r["kv_format"] == "bf16" and r["run"] == "full"]
     if not base:
         raise SystemExit("no full bf16 run among the files")
@@ -98,16 +99,16 @@ def main():
     print(f"{base['keys']} passkey tasks of 1024 tokens (depths {base['depths']}); "
           f"full bf16: {base['accuracy']:.0f}% exact, mean log p "
           f"{base['mean_logp']:.3f}\n")
-    ref_col = " | f32, main grid |" if ref else " |"
-    print("| KV format | run | exact match | mean log p(key) | resident tokens/layer "
+    ref_col = " | f32, main grid |" if main_grid else " |"
+    print("| KV format | run | keys | exact match | mean log p(key) | resident tokens/layer "
           "| KV bytes held" + ref_col)
-    print("|---|---|---|---|---|---|" + ("---|" if ref else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|" if main_grid else ""))
     for r in rows:
         extra = ""
-        if ref:
-            f = ref.get(r["run"])
-            extra = f" {f['accuracy']:.0f}% |" if f else " |"
-        print(f"| {r['kv_format']} | {r['run']} | {r['accuracy']:.0f}% | "
+        if main_grid:
+            f = r["f32_accuracy"]
+            extra = f" {f:.0f}% |" if f is not None else " |"
+        print(f"| {r['kv_format']} | {r['run']} | {r['keys']} | {r['accuracy']:.0f}% | "
               f"{r['mean_logp']:.3f} | {r['resident_tokens']:.0f} | "
               f"{r['kv_bytes'] / 1048576:.2f} MiB |" + extra)
     ok = [r for r in rows if r["accuracy"] >= base["accuracy"] - 2]
