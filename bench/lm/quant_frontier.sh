@@ -7,9 +7,13 @@
 # of the text); kivi_int4, which takes full and h2o_page only, x {full,
 # h2o_page} at the same budgets, and so does a dtype named DTYPE-page in
 # DTYPES ("bf16-page": its baseline, in the same batch of runs, since a
-# batch's size moves the digits a little); one kvkeep-lm perplexity
+# batch's size moves the digits a little; "bf16-all": bf16 with both sets of
+# runs in one batch); one kvkeep-lm perplexity
 # batch per layout, with the KV bytes the store really holds at the end
 # (SessionStats.resident_bytes). JSON per layout into OUT, then a table.
+# CHAPTER=N (default 1) starts the text at Genesis N instead (each chapter
+# is one paragraph of the file): another window for the spread, its JSON
+# frontier-NAME-TOKENS-chN.json (quant_frontier.py's spread table).
 #
 #   bench/lm/quant_frontier.sh [TOKENS=1024] [OUT=bench/results/quant]
 # Needs build/bin (kvkeepd, kvkeep-lm), the model (scripts/fetch-model) and
@@ -17,18 +21,21 @@
 # CACHE=mapped|mirror (default auto: mapped) picks how kvkeep-lm reads.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-source scripts/lib.sh
-kvkeep_openblas_env  # the kernels bench/eval-lm.sh uses (docs/quantization.md)
+source bench/lm/quant_lib.sh
 tokens="${1:-1024}"
 out="${2:-bench/results/quant}"
 text=.cache/text/genesis-kjv.txt
 [ -r "$text" ] || { echo "no $text: run scripts/fetch-text" >&2; exit 1; }
 mkdir -p "$out"
-log="$(mktemp)"
-trap 'kill $KVKEEPD_PID 2>/dev/null || true; rm -f "$log"' EXIT
-kvkeep_start_kvkeepd "${KVKEEPD:-build/bin/kvkeepd}" "$log" \
-  --config=bench/lm/kvkeepd.json --listen=127.0.0.1:0 \
-  --metrics_listen=127.0.0.1:0 --self_check=false
+suffix=""
+if [ "${CHAPTER:-1}" != 1 ]; then
+  suffix="-ch$CHAPTER"
+  window="$(mktemp)"
+  quant_tmp+=("$window")
+  awk -v n="$CHAPTER" 'NF && ++p >= n' "$text" >"$window"
+  text="$window"
+fi
+quant_start_kvkeepd
 b1=$((tokens / 4))
 b2=$((tokens / 8))
 runs="full h2o:sinks=4,recent=$((b1 / 4))@$b1 h2o:sinks=4,recent=$((b2 / 4))@$b2"
@@ -39,12 +46,12 @@ for name in ${DTYPES:-bf16 fp8 int8 int4 kivi}; do
   dtype="${name%-page}"
   these="$runs"
   [ "$dtype" = kivi ] || [ "$dtype" != "$name" ] && these="$page_runs"
-  layout=smollm2-135m-$dtype
-  [ "$dtype" = f32 ] && layout=smollm2-135m
+  [ "$name" = bf16-all ] && these="$runs ${page_runs#full }"
+  layout="$(quant_layout "$name")"
   echo "== $layout: $these" >&2
   "${KVKEEP_LM:-build/bin/kvkeep-lm}" perplexity --server="$KVKEEPD_ADDRESS" \
     --layout="$layout" --cache="${CACHE:-auto}" --text="$text" \
     --max_tokens="$tokens" --runs="$these" --json \
-    >"$out/frontier-$name-$tokens.json"
+    >"$out/frontier-$name-$tokens$suffix.json"
 done
-python3 bench/lm/quant_frontier.py "$out"/frontier-*-"$tokens".json
+python3 bench/lm/quant_frontier.py "$out"/frontier-*-"$tokens$suffix".json
