@@ -217,6 +217,10 @@ absl::Status StartForks(std::vector<Lane>& lanes,
     absl::StatusOr<std::unique_ptr<Sequence>> fork = donor.sequence->Fork();
     if (absl::IsUnimplemented(fork.status())) continue;  // from scratch
     if (!fork.ok()) return fork.status();
+    // The sequence the lane was opened with is empty and never used again.
+    // Closing it can only fail if the server already freed it (its lease
+    // ran out while the donor fed the prefix), which loses nothing.
+    lane.sequence->Close().IgnoreError();
     lane.sequence = fork->get();
     forks.push_back(*std::move(fork));
     lane.fed = lane.fork_at;
@@ -276,6 +280,11 @@ absl::Status Run(const LlamaModel& model, std::vector<Lane>& lanes,
           !s.ok()) {
         return absl::Status(s.code(), absl::StrCat(active[i]->sequence->label(),
                                                    ": ", s.message()));
+      }
+      // A lane done early frees its pages now rather than when the whole
+      // batch ends (and cannot outlive its session's lease idling).
+      if (active[i]->phase == Phase::kDone) {
+        if (absl::Status s = active[i]->sequence->Close(); !s.ok()) return s;
       }
     }
     if (options.progress) {
