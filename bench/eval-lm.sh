@@ -89,7 +89,8 @@ else
   # 4096 again, and 256/512 sit between shares the table already has.
   ppl_cache_budgets="5% 10% 25% 50%"
   # Five depths at 1024 tokens, three (the ends and the middle) at 2048 and
-  # 4096, 20 keys each: what the grid's time allows (docs/lm-eval.md).
+  # 4096, 20 keys each (10 at 4096, the keys kvpress runs there too): what
+  # the grid's time allows (docs/lm-eval.md).
   task_flags=(--depths=0.1,0.3,0.5,0.7,0.9 --conv_lengths=1024,2048 --conv_keys=10)
   long_depths=(--depths=0.1,0.5,0.9)
   sweep_flags=(--tasks=passkey --lengths=1024 --depths=0.1,0.5,0.9)
@@ -195,7 +196,7 @@ else
   PARALLEL=8 answers main-2048 "$main_runs" "${task_flags[@]}" "${long_depths[@]}" \
     --lengths=2048 --conv_lengths=2048
   answers main-4096 "$main_runs" "${task_flags[@]}" "${long_depths[@]}" \
-    --lengths=4096 --tasks=passkey
+    --lengths=4096 --tasks=passkey --keys=10
   PARALLEL=8 answers budgets "$(runs "$answer_policies" "$sweep_budgets" "")" \
     "${sweep_flags[@]}"
   # kvpress past 1024 tokens: the methods both sides have and its own
