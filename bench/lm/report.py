@@ -363,8 +363,8 @@ def heatmap_png(cells, out_dir, budget):
         lines.append(f"set title '{run} ({positions})'")
         lines.append(f"plot '{data}' index {i} using 1:2:(0.5):(0.5):3 "
                      "with boxxyerror fs solid 1.0 noborder palette notitle, "
-                     "'' index %d using 1:2:(sprintf('%%.2f',$3)) "
-                     "with labels notitle" % i)
+                     "'' index %d using 1:2:(strcol(3) eq 'NaN' ? 'not run' "
+                     ": sprintf('%%.2f',$3)) with labels notitle" % i)
     lines.append("unset multiplot")
     gnuplot("\n".join(lines) + "\n")
     os.remove(data)
