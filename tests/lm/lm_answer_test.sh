@@ -16,7 +16,10 @@
 #    and fork there (--share_prefix, on by default): every answer is the one
 #    a run without forks gives (the same pairs, greedy tokens and resident
 #    bytes; log-probabilities within 1e-3), the second task of each batch
-#    took a fork of the first's, and no forked session is left open.
+#    took a fork of the first's, and no forked session is left open;
+#  - on a kvkeepd with a 1 s lease the same answers come back and no session
+#    is left: a lane's unused session (it forked) or finished one (it is
+#    done) idling out does not fail the batch.
 # Prints "SKIPPED: ..." (ctest: skipped) when the model file is absent.
 #
 #   lm_answer_test.sh BIN_DIR CONFIG MODEL
@@ -155,6 +158,41 @@ print("resume: 7 (task, run) pairs run again, every line as a whole run's")
 EOF
 grep -q "2 tasks, 7 answers" "$tmp/resume.log" ||
   fail "resume ran other than the 7 missing pairs: $(cat "$tmp/resume.log")"
+
+# Short leases: on a kvkeepd whose sessions expire after 1 s idle, a lane
+# that forks another's prefix leaves the session it was opened with unused
+# while the donor streams (70-180 rounds of the model, seconds on 2 cores),
+# and lanes done early wait for the rest of their batch. The run still ends
+# well with the same answers: kvkeep-lm closes a lane's unused session when
+# it forks and a lane's session when it is done, and an open Decode stream
+# keeps an active session's lease. (On a machine fast enough to feed the
+# prefix within the lease nothing expires; the line printed says.)
+kill "$KVKEEPD_PID"
+wait "$KVKEEPD_PID" 2>/dev/null || true
+kvkeep_start_kvkeepd "$bin/kvkeepd" "$tmp/short.log" --config="$config" \
+  --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --self_check=false \
+  --session_idle_timeout_seconds=1 || fail "kvkeepd did not start"
+"$bin/kvkeep-lm" answer --model="$model" --server="$KVKEEPD_ADDRESS" \
+  --tasks="$tmp/tasks.jsonl" --runs="$runs" --parallel=2 \
+  --out="$tmp/short.jsonl" || fail "answers under a 1 s lease"
+sleep 2.5  # the store would expire a session kvkeep-lm left behind
+metrics="$(sed -n 's/^kvkeepd: metrics on //p' "$tmp/short.log")"
+python3 - "$tmp/answers.jsonl" "$tmp/short.jsonl" "$metrics" <<'EOF' ||
+import json, re, sys, urllib.request
+whole = [json.loads(l) for l in open(sys.argv[1])]
+short = [json.loads(l) for l in open(sys.argv[2])]
+assert len(short) == 16, len(short)
+for s, w in zip(short, whole):
+    assert (s["id"], s["run"]) == (w["id"], w["run"]), (s, w)
+    assert abs(s.pop("answer_logprob") - w.pop("answer_logprob")) < 1e-3, s
+    assert s == w, (s, w)
+text = urllib.request.urlopen(sys.argv[3], timeout=10).read().decode()
+value = lambda name: float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))
+assert value("kvkeep_sessions") == 0, "sessions left open"
+print(f"1 s lease: every answer as before; "
+      f"{value('kvkeep_sessions_expired_total'):g} sessions expired unused")
+EOF
+  fail "answers under a 1 s lease differ, or sessions were left"
 
 # A broken task file: a clear error naming the line.
 printf '{"id": "a", "context": "x", "question": "y", "answer": "z"}\nnot json\n' \
