@@ -159,29 +159,31 @@ EOF
 grep -q "2 tasks, 7 answers" "$tmp/resume.log" ||
   fail "resume ran other than the 7 missing pairs: $(cat "$tmp/resume.log")"
 
-# Short leases: on a kvkeepd whose sessions expire after 1 s idle, a lane
-# that forks another's prefix leaves the session it was opened with unused
-# while the donor streams (70-180 rounds of the model, seconds on 2 cores),
-# and lanes done early wait for the rest of their batch. The run still ends
-# well with the same answers: kvkeep-lm closes a lane's unused session when
-# it forks and a lane's session when it is done, and an open Decode stream
-# keeps an active session's lease. (On a machine fast enough to feed the
-# prefix within the lease nothing expires; the line printed says.)
+# Short leases (full and h2o): on a kvkeepd whose sessions expire after
+# 1 s idle, a lane that forks another's prefix leaves the session it was
+# opened with unused while the donor streams (70-180 rounds of the model,
+# seconds on 2 cores), and lanes done early wait for the rest of their
+# batch. The run still ends well with the same answers: kvkeep-lm closes a
+# lane's unused session when it forks and a lane's session when it is
+# done, and an open Decode stream keeps an active session's lease. (On a
+# machine fast enough to feed the prefix within the lease nothing expires;
+# the line printed says.)
 kill "$KVKEEPD_PID"
 wait "$KVKEEPD_PID" 2>/dev/null || true
 kvkeep_start_kvkeepd "$bin/kvkeepd" "$tmp/short.log" --config="$config" \
   --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --self_check=false \
   --session_idle_timeout_seconds=1 || fail "kvkeepd did not start"
 "$bin/kvkeep-lm" answer --model="$model" --server="$KVKEEPD_ADDRESS" \
-  --tasks="$tmp/tasks.jsonl" --runs="$runs" --parallel=2 \
-  --out="$tmp/short.jsonl" || fail "answers under a 1 s lease"
+  --tasks="$tmp/tasks.jsonl" --runs="full h2o:sinks=4,recent=16@25%" \
+  --parallel=2 --out="$tmp/short.jsonl" || fail "answers under a 1 s lease"
 sleep 2.5  # the store would expire a session kvkeep-lm left behind
 metrics="$(sed -n 's/^kvkeepd: metrics on //p' "$tmp/short.log")"
 python3 - "$tmp/answers.jsonl" "$tmp/short.jsonl" "$metrics" <<'EOF' ||
 import json, re, sys, urllib.request
-whole = [json.loads(l) for l in open(sys.argv[1])]
 short = [json.loads(l) for l in open(sys.argv[2])]
-assert len(short) == 16, len(short)
+whole = [json.loads(l) for l in open(sys.argv[1])]
+whole = [w for w in whole if w["run"] in ("full", "h2o:sinks=4,recent=16@25%")]
+assert len(short) == len(whole) == 8, len(short)
 for s, w in zip(short, whole):
     assert (s["id"], s["run"]) == (w["id"], w["run"]), (s, w)
     assert abs(s.pop("answer_logprob") - w.pop("answer_logprob")) < 1e-3, s
