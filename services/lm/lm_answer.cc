@@ -218,9 +218,12 @@ absl::Status StartForks(std::vector<Lane>& lanes,
     if (absl::IsUnimplemented(fork.status())) continue;  // from scratch
     if (!fork.ok()) return fork.status();
     // The sequence the lane was opened with is empty and never used again.
-    // Closing it can only fail if the server already freed it (its lease
-    // ran out while the donor fed the prefix), which loses nothing.
-    lane.sequence->Close().IgnoreError();
+    // NOT_FOUND: the server already freed it (its lease ran out while the
+    // donor fed the prefix), which loses nothing.
+    if (absl::Status s = lane.sequence->Close();
+        !s.ok() && !absl::IsNotFound(s)) {
+      return s;
+    }
     lane.sequence = fork->get();
     forks.push_back(*std::move(fork));
     lane.fed = lane.fork_at;
