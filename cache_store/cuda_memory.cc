@@ -6,8 +6,10 @@
 // buffer and uploaded with one copy; then, stage by stage, the page copies
 // (copy-on-write: one device-to-device cudaMemcpyAsync each), the compaction
 // moves of every layer run as one LaunchCompactLayers, each write as a
-// LaunchWriteSlots and each scoring as a LaunchQueryAttention; every scoring
-// output comes back with one copy, and the host waits for the stream once.
+// LaunchWriteSlots, the stage's kivi_int4 key blocks as one
+// LaunchWriteKeyBlocks and each scoring as a LaunchQueryAttention; every
+// scoring output comes back with one copy, and the host waits for the
+// stream once.
 // Only a batch whose scoring outputs and workspace outgrow kStagingBound
 // (a long prefill chunk scored at once) is cut into segments, each staged,
 // run and waited for in turn. When RunStep returns, the session's state on
@@ -64,12 +66,15 @@ constexpr size_t kStagingBound = size_t{256} << 20;
 
 // One launch of a batch: a stage's page copies (one device-to-device copy
 // each, nothing staged), a stage's compaction moves (every layer in one
-// LaunchCompactLayers), one write, or a group of one scoring's rows.
+// LaunchCompactLayers), one write, a stage's key blocks (one
+// LaunchWriteKeyBlocks), or a group of one scoring's rows.
 struct Piece {
-  enum class Kind : uint8_t { kCopies, kMoves, kWrite, kScoring };
+  enum class Kind : uint8_t { kCopies, kMoves, kWrite, kKeyBlocks, kScoring };
   Kind kind = Kind::kWrite;
-  size_t entry = 0;       // kCopies, kMoves: the stage's first entry; else it
-  size_t entries = 1;     // kCopies, kMoves: the stage's entries of that kind
+  // kCopies, kMoves, kKeyBlocks: the stage's first entry of that kind, and
+  // its number of entries; else the entry, and 1.
+  size_t entry = 0;
+  size_t entries = 1;
   int32_t first_row = 0;  // kScoring: rows [first_row, first_row + rows)
   int32_t rows = 0;
 };
@@ -77,7 +82,7 @@ struct Piece {
 // Where a piece's arrays sit in its segment's staging.
 struct PieceAt {
   size_t first = 0;   // kMoves: CompactLayer[entries]; else the block table
-  size_t second = 0;  // kWrite: keys; kScoring: queries
+  size_t second = 0;  // kWrite: keys; kKeyBlocks: blocks; kScoring: queries
   size_t third = 0;   // kWrite: values; kScoring: row order
   size_t order = 0;   // kScoring: the slots' order, if any
   size_t out = 0;     // kScoring: the rows' output
@@ -106,10 +111,10 @@ size_t QueryRowBytes(const StepBatch& b, const StepBatch::Scoring& e) {
 }
 
 // The batch's launches in order: per stage, its page copies, its moves, its
-// writes, its scorings.
+// writes, its key blocks, its scorings.
 std::vector<Piece> PlanPieces(const StepBatch& b) {
   std::vector<Piece> pieces;
-  size_t c = 0, m = 0, w = 0, s = 0;
+  size_t c = 0, m = 0, w = 0, k = 0, s = 0;
   for (int32_t stage = 0; stage < b.stages(); ++stage) {
     const size_t first_copy = c;
     while (c < b.copies().size() && b.copies()[c].stage == stage) ++c;
@@ -125,6 +130,12 @@ std::vector<Piece> PlanPieces(const StepBatch& b) {
     for (; w < b.writes().size() && b.writes()[w].stage == stage; ++w) {
       pieces.push_back(Piece{Piece::Kind::kWrite, w});
     }
+    const size_t first_block = k;
+    while (k < b.key_blocks().size() && b.key_blocks()[k].stage == stage) ++k;
+    if (k > first_block) {
+      pieces.push_back(
+          Piece{Piece::Kind::kKeyBlocks, first_block, k - first_block});
+    }
     for (; s < b.scorings().size() && b.scorings()[s].stage == stage; ++s) {
       const StepBatch::Scoring& e = b.scorings()[s];
       const int32_t group = ScoringGroup(e);
@@ -135,6 +146,13 @@ std::vector<Piece> PlanPieces(const StepBatch& b) {
     }
   }
   return pieces;
+}
+
+// Bytes of a write's keys: none for kivi_int4's values-only writes.
+size_t WriteKeyBytes(const PageLayout& layout, const StepBatch::Write& e) {
+  return e.keys == nullptr
+             ? 0
+             : static_cast<size_t>(layout.key_run_bytes(e.first, e.n));
 }
 
 size_t WorkspaceBytes(const StepBatch& b, const Piece& p) {
@@ -160,12 +178,16 @@ void PlaceInputs(const StepBatch& b, const Piece& p, StagingPlan& plan,
       return;
     case Piece::Kind::kWrite: {
       const StepBatch::Write& e = b.writes()[p.entry];
-      const size_t bytes = static_cast<size_t>(e.n * b.layout().token_bytes());
       at.first = plan.Add(sizeof(PageId) * e.pages.size);
-      at.second = plan.Add(bytes);
-      at.third = plan.Add(bytes);
+      at.second = plan.Add(WriteKeyBytes(b.layout(), e));
+      at.third = plan.Add(static_cast<size_t>(e.n * b.layout().token_bytes()));
       return;
     }
+    case Piece::Kind::kKeyBlocks:
+      at.first = plan.Add(sizeof(PageId) * p.entries);
+      at.second = plan.Add(static_cast<size_t>(b.layout().key_block_bytes()) *
+                           p.entries);
+      return;
     case Piece::Kind::kScoring: {
       const StepBatch::Scoring& e = b.scorings()[p.entry];
       at.first = plan.Add(sizeof(PageId) * e.pages.size);
@@ -258,34 +280,76 @@ class Lane {
   absl::Status Read(const PageLayout& layout, std::span<const PageId> pages,
                     int64_t first, int64_t n, std::byte* keys,
                     std::byte* values) {
-    if (absl::Status s = CudaStatus(cudaSetDevice(ordinal_), "selecting");
-        !s.ok()) {
-      return s;
-    }
-    const size_t token_bytes = static_cast<size_t>(n * layout.token_bytes());
+    const size_t key_bytes =
+        keys == nullptr ? 0
+                        : static_cast<size_t>(layout.key_run_bytes(first, n));
+    const size_t value_bytes = static_cast<size_t>(n * layout.token_bytes());
     StagingPlan plan;
     const size_t pages_at = plan.Add(pages.size_bytes());
-    const size_t keys_at = plan.Add(token_bytes);
-    const size_t values_at = plan.Add(token_bytes);
-    if (absl::Status s = Reserve(plan.total()); !s.ok()) return s;
-    std::memcpy(pinned_staging_ + pages_at, pages.data(), pages.size_bytes());
-    if (absl::Status s = Upload(0, keys_at); !s.ok()) return s;
+    const size_t keys_at = plan.Add(key_bytes);
+    const size_t values_at = plan.Add(value_bytes);
     // keys and values are adjacent in staging: one download brings both.
-    if (absl::Status s = Finish(
-            cuda::LaunchReadSlots(arena_, layout, DevicePtr<PageId>(pages_at),
-                                  first, n, device_staging_ + keys_at,
-                                  device_staging_ + values_at, stream_),
-            "reading slots", keys_at, plan.total() - keys_at);
-        !s.ok()) {
-      return s;
-    }
-    std::memcpy(keys, pinned_staging_ + keys_at, token_bytes);
-    std::memcpy(values, pinned_staging_ + values_at, token_bytes);
-    return absl::OkStatus();
+    return Gather(
+        pages, plan.total(), keys_at,
+        [&] {
+          return cuda::LaunchReadSlots(
+              arena_, layout, DevicePtr<PageId>(pages_at), first, n,
+              keys == nullptr ? nullptr : device_staging_ + keys_at,
+              device_staging_ + values_at, stream_);
+        },
+        "reading slots",
+        [&] {
+          if (keys != nullptr) {
+            std::memcpy(keys, pinned_staging_ + keys_at, key_bytes);
+          }
+          std::memcpy(values, pinned_staging_ + values_at, value_bytes);
+        });
+  }
+
+  // Reads the key blocks of `pages` into host `blocks` (ReadKeyBlockBytes),
+  // with one download, and waits for the stream.
+  absl::Status ReadKeyBlocks(const PageLayout& layout,
+                             std::span<const PageId> pages, std::byte* blocks) {
+    const size_t bytes =
+        static_cast<size_t>(layout.key_block_bytes()) * pages.size();
+    StagingPlan plan;
+    const size_t pages_at = plan.Add(pages.size_bytes());
+    const size_t blocks_at = plan.Add(bytes);
+    return Gather(
+        pages, plan.total(), blocks_at,
+        [&] {
+          return cuda::LaunchReadKeyBlocks(
+              arena_, layout, DevicePtr<PageId>(pages_at),
+              static_cast<int64_t>(pages.size()), device_staging_ + blocks_at,
+              stream_);
+        },
+        "reading key blocks",
+        [&] { std::memcpy(blocks, pinned_staging_ + blocks_at, bytes); });
   }
 
  private:
   Lane(int32_t ordinal, std::byte* arena) : ordinal_(ordinal), arena_(arena) {}
+
+  // A read of pages: uploads the block table `pages` (staged first), runs
+  // launch(), downloads staging [output_at, total), waits, then copy_out().
+  template <typename LaunchFn, typename CopyOut>
+  absl::Status Gather(std::span<const PageId> pages, size_t total,
+                      size_t output_at, LaunchFn launch, absl::string_view what,
+                      CopyOut copy_out) {
+    if (absl::Status s = CudaStatus(cudaSetDevice(ordinal_), "selecting");
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = Reserve(total); !s.ok()) return s;
+    std::memcpy(pinned_staging_, pages.data(), pages.size_bytes());
+    if (absl::Status s = Upload(0, output_at); !s.ok()) return s;
+    if (absl::Status s = Finish(launch(), what, output_at, total - output_at);
+        !s.ok()) {
+      return s;
+    }
+    copy_out();
+    return absl::OkStatus();
+  }
 
   // Stages `pieces` of `b` with one upload, launches them in order, brings
   // every output back with one download and waits for the stream once.
@@ -367,12 +431,24 @@ class Lane {
       case Piece::Kind::kWrite: {
         const StepBatch::Write& e = b.writes()[p.entry];
         const std::span<const PageId> pages = b.pages(e.pages);
-        const size_t bytes =
-            static_cast<size_t>(e.n * b.layout().token_bytes());
         std::memcpy(pinned_staging_ + at.first, pages.data(),
                     pages.size_bytes());
-        std::memcpy(pinned_staging_ + at.second, e.keys, bytes);
-        std::memcpy(pinned_staging_ + at.third, e.values, bytes);
+        if (e.keys != nullptr) {
+          std::memcpy(pinned_staging_ + at.second, e.keys,
+                      WriteKeyBytes(b.layout(), e));
+        }
+        std::memcpy(pinned_staging_ + at.third, e.values,
+                    static_cast<size_t>(e.n * b.layout().token_bytes()));
+        return;
+      }
+      case Piece::Kind::kKeyBlocks: {
+        const size_t bytes = static_cast<size_t>(b.layout().key_block_bytes());
+        auto* pages = reinterpret_cast<PageId*>(pinned_staging_ + at.first);
+        for (size_t k = 0; k < p.entries; ++k) {
+          const StepBatch::KeyBlock& e = b.key_blocks()[p.entry + k];
+          pages[k] = e.page;
+          std::memcpy(pinned_staging_ + at.second + k * bytes, e.block, bytes);
+        }
         return;
       }
       case Piece::Kind::kScoring: {
@@ -427,8 +503,14 @@ class Lane {
         const StepBatch::Write& e = b.writes()[p.entry];
         return cuda::LaunchWriteSlots(
             arena_, b.layout(), DevicePtr<PageId>(at.first), e.first, e.n,
-            device_staging_ + at.second, device_staging_ + at.third, stream_);
+            e.keys == nullptr ? nullptr : device_staging_ + at.second,
+            device_staging_ + at.third, stream_);
       }
+      case Piece::Kind::kKeyBlocks:
+        return cuda::LaunchWriteKeyBlocks(arena_, b.layout(),
+                                          DevicePtr<PageId>(at.first),
+                                          static_cast<int64_t>(p.entries),
+                                          device_staging_ + at.second, stream_);
       case Piece::Kind::kScoring: {
         const StepBatch::Scoring& e = b.scorings()[p.entry];
         const cuda::DevicePagedKeys keys{
@@ -571,12 +653,6 @@ class CudaMemory final : public PageMemory {
     return Device{Device::Kind::kCuda, ordinal_};
   }
   absl::Status CheckLayout(const PageLayout& layout) const override {
-    if (IsKivi(layout.dtype)) {
-      return absl::InvalidArgumentError(
-          "kivi_int4 pages have no CUDA kernels yet (its per-channel key "
-          "blocks are quantised and read by the CPU twins only, "
-          "kernels/kivi.h); serve it from a host pool");
-    }
     if (!cuda::QueryAttentionSupportsHeadDim(layout.head_dim)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "head_dim ", layout.head_dim,
@@ -605,6 +681,14 @@ class CudaMemory final : public PageMemory {
     return WithLane([&](Lane& lane) {
       return lane.Read(layout, pages, first, n, keys, values);
     });
+  }
+
+  absl::Status ReadKeyBlocks(const PageLayout& layout,
+                             std::span<const PageId> pages,
+                             std::byte* blocks) override {
+    if (pages.empty()) return absl::OkStatus();
+    return WithLane(
+        [&](Lane& lane) { return lane.ReadKeyBlocks(layout, pages, blocks); });
   }
 
   absl::StatusOr<SharedPool> Share() const override {

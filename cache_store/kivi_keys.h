@@ -11,6 +11,9 @@
 //     moved tokens' keys: exact for those of the open page, dequantised
 //     (rounded once before) for the others, so their error compounds; the
 //     new open page's staging is rebuilt the same way.
+// The blocks it reads (compaction's sources, reads) come from the pool's
+// PageMemory, host or device, one ReadKeyBlocks call each, unless the batch
+// being recorded already replaces them.
 // One per session, used under the session's lock; not thread-safe.
 #ifndef KVKEEP_CACHE_STORE_KIVI_KEYS_H_
 #define KVKEEP_CACHE_STORE_KIVI_KEYS_H_
@@ -19,9 +22,11 @@
 #include <cstdint>
 #include <deque>
 #include <span>
-#include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cache_store/page_memory.h"
 #include "cache_store/step_batch.h"
 #include "kernels/compaction.h"
 #include "kernels/kivi.h"
@@ -37,16 +42,17 @@ class KiviKeys {
   // tokens appended at slots [first, first + n) of `layer`, whose block
   // table `pages` covers them; `first` is the layer's size before.
   void Append(int32_t layer, std::span<const PageId> pages, int64_t first,
-              const float* keys, int64_t n, const std::byte* arena,
-              StepBatch& batch);
+              const float* keys, int64_t n, StepBatch& batch);
   // After `moves` (PlanCompaction over old_size slots of `pages`, leaving
-  // new_size) are recorded into `batch`.
-  void Compact(int32_t layer, std::span<const PageId> pages,
-               std::span<const SlotMove> moves, int64_t old_size,
-               int64_t new_size, const std::byte* arena, StepBatch& batch);
+  // new_size) are recorded into `batch`. Fails only on a device error
+  // reading `memory` (nothing is recorded then).
+  absl::Status Compact(int32_t layer, std::span<const PageId> pages,
+                       std::span<const SlotMove> moves, int64_t old_size,
+                       int64_t new_size, PageMemory& memory, StepBatch& batch);
   // Keys of slots [0, n) of `layer` as [n][E] of out_type (f32, f16, bf16).
-  void Read(std::span<const PageId> pages, int64_t n, const std::byte* arena,
-            DType out_type, void* out) const;
+  // Fails only on a device error.
+  absl::Status Read(std::span<const PageId> pages, int64_t n,
+                    PageMemory& memory, DType out_type, void* out) const;
 
   // Host bytes of the staging (counted in the session's resident bytes),
   // and the most it can hold: a page of float32 keys per layer.
@@ -62,8 +68,8 @@ class KiviKeys {
   void BatchDone();
   // The batch copies page `from` to `to` before anything writes `to`
   // (copy-on-write): until it has run, `to`'s keys are read from `from`.
-  void PageCopied(PageId from, PageId to, const std::byte* arena) {
-    pending_.emplace_back(to, arena + int64_t{from} * layout_.page_bytes());
+  void PageCopied(PageId from, PageId to) {
+    pending_.push_back(Pending{to, nullptr, from});
   }
   // A fork's keys: `parent`'s staging (same layout and layers), so the
   // child re-quantises its open pages as the parent would.
@@ -82,16 +88,26 @@ class KiviKeys {
   }
 
  private:
-  // The block of `page` as the batch will leave it so far: its pending
-  // block (or the page it is copied from), else the arena's.
-  const std::byte* BlockOf(PageId page, const std::byte* arena) const;
+  // What the batch recorded so far does to a page's block: writes `block`
+  // (a buffer in blocks_), or copies page `from`'s over it.
+  struct Pending {
+    PageId page = 0;
+    const std::byte* block = nullptr;
+    PageId from = 0;
+  };
+  // The blocks of `pages` as the batch will leave them so
+  // far, in order: pending ones from their buffers, the rest read from
+  // `memory` with one call into `fetched`.
+  absl::StatusOr<std::vector<const std::byte*>> BlocksOf(
+      std::span<const PageId> pages, PageMemory& memory,
+      std::vector<std::byte>& fetched) const;
   // A block buffer that stays valid until BatchDone.
   std::byte* NewBlock(PageId page, StepBatch& batch);
 
   const PageLayout layout_;
   std::vector<KiviOpenPage> open_;
   std::deque<std::vector<std::byte>> blocks_;
-  std::vector<std::pair<PageId, const std::byte*>> pending_;
+  std::vector<Pending> pending_;
   std::vector<float> scratch_;
 };
 

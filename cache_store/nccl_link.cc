@@ -205,8 +205,11 @@ absl::Status NcclLink::Move(bool send, PageMemory& memory,
                      memory.device().name()));
   }
   if (n <= 0) return absl::OkStatus();
-  const size_t kv_bytes = static_cast<size_t>(n * layout.token_bytes());
-  const size_t pages_at = 2 * kv_bytes;
+  // kivi_int4's keys travel as the whole key blocks of the pages touched.
+  const size_t key_bytes = static_cast<size_t>(layout.key_run_bytes(first, n));
+  const size_t kv_bytes =
+      key_bytes + static_cast<size_t>(n * layout.token_bytes());
+  const size_t pages_at = kv_bytes;
   if (absl::Status s = Reserve(pages_at + pages.size_bytes()); !s.ok()) {
     return s;
   }
@@ -221,7 +224,7 @@ absl::Status NcclLink::Move(bool send, PageMemory& memory,
     return s;
   }
   std::byte* keys = st.device_staging;
-  std::byte* values = st.device_staging + kv_bytes;
+  std::byte* values = st.device_staging + key_bytes;
   const NcclApi& nccl = NcclApi::Get();
   if (send) {
     if (absl::Status s =
@@ -232,7 +235,7 @@ absl::Status NcclLink::Move(bool send, PageMemory& memory,
       return s;
     }
     if (absl::Status s = Enqueued(
-            nccl.send(keys, 2 * kv_bytes, ncclUint8, 1, st.comm, st.stream),
+            nccl.send(keys, kv_bytes, ncclUint8, 1, st.comm, st.stream),
             "ncclSend", deadline);
         !s.ok()) {
       return s;
@@ -241,7 +244,7 @@ absl::Status NcclLink::Move(bool send, PageMemory& memory,
     // The scatter must follow the receive on the stream: wait until NCCL
     // has enqueued it.
     if (absl::Status s = Enqueued(
-            nccl.recv(keys, 2 * kv_bytes, ncclUint8, 0, st.comm, st.stream),
+            nccl.recv(keys, kv_bytes, ncclUint8, 0, st.comm, st.stream),
             "ncclRecv", deadline);
         !s.ok()) {
       return s;

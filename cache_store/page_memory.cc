@@ -55,6 +55,13 @@ class HostMemory final : public PageMemory {
     ReadSlotBytes(arena(), layout, pages.data(), first, n, keys, values);
     return absl::OkStatus();
   }
+  absl::Status ReadKeyBlocks(const PageLayout& layout,
+                             std::span<const PageId> pages,
+                             std::byte* blocks) override {
+    ReadKeyBlockBytes(arena(), layout, pages.data(),
+                      static_cast<int64_t>(pages.size()), blocks);
+    return absl::OkStatus();
+  }
   absl::StatusOr<SharedPool> Share() const override {
     if (mapping_ == nullptr) {
       return absl::FailedPreconditionError(

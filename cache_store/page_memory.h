@@ -78,8 +78,10 @@ class PageMemory {
 
   // Dense buffers `keys` and `values` are host memory, [n][kv_heads]
   // [head_dim] of layout.dtype; `pages` is the layer's block table, covering
-  // every slot named. Callers validate ranges; these only fail on a device
-  // error (the status says which).
+  // every slot named. kivi_int4's `keys` is null (values only) or the whole
+  // key blocks of the pages the slots touch (kernels/slot_copy.h). Callers
+  // validate ranges; these only fail on a device error (the status says
+  // which).
   virtual absl::Status WriteSlots(const PageLayout& layout,
                                   std::span<const PageId> pages, int64_t first,
                                   int64_t n, const std::byte* keys,
@@ -88,6 +90,11 @@ class PageMemory {
                                  std::span<const PageId> pages, int64_t first,
                                  int64_t n, std::byte* keys,
                                  std::byte* values) = 0;
+  // kivi_int4: the key blocks of `pages` (layout.key_block_bytes() each, in
+  // order) into host `blocks`. Only fails on a device error.
+  virtual absl::Status ReadKeyBlocks(const PageLayout& layout,
+                                     std::span<const PageId> pages,
+                                     std::byte* blocks) = 0;
   // Runs a session call's page work (step_batch.h) over this memory and
   // returns when all of it is done: moves and writes applied, scoring outputs
   // in their host buffers. The CUDA memory waits on its device once per

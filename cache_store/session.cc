@@ -235,9 +235,12 @@ void Session::Evict(Layer& layer, int64_t count, int64_t appended_view,
   }
   batch_.AddMoves(layer.pages, moves);
   if (kivi_ != nullptr) {
-    kivi_->Compact(static_cast<int32_t>(&layer - layers_.data()), layer.pages,
-                   moves, old_size, new_size, pool_->memory().host_data(),
-                   batch_);
+    // A device error reading the blocks is recorded; the batch then runs
+    // nothing and the caller reports it.
+    DeviceCheck(kivi_->Compact(static_cast<int32_t>(&layer - layers_.data()),
+                               layer.pages, moves, old_size, new_size,
+                               pool_->memory(), batch_))
+        .IgnoreError();
   }
   MoveSlotValues(layer.position, moves, new_size);
   MoveSlotValues(layer.arrival, moves, new_size);
@@ -398,10 +401,13 @@ absl::Status Session::ApplyAppend(const AppendRequest& request,
     // [0, drop_begin) and [drop_begin + drop, n).
     const LayerKv& kv = request.layers[l];
     const int64_t tail = plan.drop_begin + plan.drop;
-    batch_.AddWrite(layer.pages, first, plan.drop_begin, kv.keys.data(),
+    // kivi_int4 writes values only here: its keys go into the pages' key
+    // blocks (AppendKiviKeys).
+    const std::byte* keys = kivi_ != nullptr ? nullptr : kv.keys.data();
+    batch_.AddWrite(layer.pages, first, plan.drop_begin, keys,
                     kv.values.data());
     batch_.AddWrite(layer.pages, first + plan.drop_begin, n - tail,
-                    kv.keys.data() + tail * token_bytes,
+                    keys == nullptr ? nullptr : keys + tail * token_bytes,
                     kv.values.data() + tail * token_bytes);
     if (kivi_ != nullptr) AppendKiviKeys(l, plan, kv, n);
     for (int64_t i = 0; i < n; ++i) {

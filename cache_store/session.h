@@ -148,7 +148,8 @@ class Session {
   SessionSnapshot Snapshot(bool with_bytes = true) const;
   // Copies the keys and values of slots [first, first + n) of `layer` into
   // `keys` and `values` ([n][kv_heads][head_dim] each). INVALID_ARGUMENT
-  // for a range outside the layer or buffers of the wrong size.
+  // for a range outside the layer or buffers of the wrong size. A kivi_int4
+  // session reads as ReadKiviSlots (n is then values.size() / token bytes).
   absl::Status ReadSlots(int32_t layer, int64_t first, int64_t n,
                          std::span<std::byte> keys,
                          std::span<std::byte> values) const;

@@ -129,7 +129,7 @@ void Session::MakeWritable(Layer& layer, int64_t index, LayerChange& change) {
   spare_.pop_back();
   batch_.AddPageCopy(shared, own);
   if (kivi_ != nullptr) {
-    kivi_->PageCopied(shared, own, pool_->memory().host_data());
+    kivi_->PageCopied(shared, own);
   }
   layer.pages[index] = own;
   // The copy reads it: let go once the batch has run.

@@ -20,12 +20,10 @@ void Session::AppendKiviKeys(size_t l, const AppendPlan& plan,
   const int64_t e_count = page_layout_.token_elements();
   const int64_t first = layer.size();
   const int64_t tail = plan.drop_begin + plan.drop;
-  const std::byte* arena = pool_->memory().host_data();
   const auto index = static_cast<int32_t>(l);
-  kivi_->Append(index, layer.pages, first, keys, plan.drop_begin, arena,
-                batch_);
+  kivi_->Append(index, layer.pages, first, keys, plan.drop_begin, batch_);
   kivi_->Append(index, layer.pages, first + plan.drop_begin,
-                keys + tail * e_count, n - tail, arena, batch_);
+                keys + tail * e_count, n - tail, batch_);
 }
 
 absl::StatusOr<LayerKvCopy> Session::ReadKiviLayerAs(int32_t index,
@@ -33,9 +31,10 @@ absl::StatusOr<LayerKvCopy> Session::ReadKiviLayerAs(int32_t index,
   if (absl::Status s = CheckLayerIndex(index); !s.ok()) return s;
   const Layer& layer = layers_[index];
   const int64_t n = layer.size();
-  std::vector<std::byte> unused(n * page_layout_.token_bytes());
-  std::vector<std::byte> records(unused.size());
-  if (absl::Status s = ReadSlots(index, 0, n, unused, records); !s.ok()) {
+  std::vector<std::byte> records(n * page_layout_.token_bytes());
+  if (absl::Status s = DeviceCheck(pool_->memory().ReadSlots(
+          page_layout_, layer.pages, 0, n, nullptr, records.data()));
+      !s.ok()) {
     return s;
   }
   LayerKvCopy out;
@@ -46,8 +45,11 @@ absl::StatusOr<LayerKvCopy> Session::ReadKiviLayerAs(int32_t index,
                                            DTypeBytes(dtype));
   out.keys.resize(bytes);
   out.values.resize(bytes);
-  kivi_->Read(layer.pages, n, pool_->memory().host_data(), dtype,
-              out.keys.data());
+  if (absl::Status s = DeviceCheck(
+          kivi_->Read(layer.pages, n, pool_->memory(), dtype, out.keys.data()));
+      !s.ok()) {
+    return s;
+  }
   DequantizeTokens(page_layout_, records.data(), n, dtype, out.values.data());
   return out;
 }
@@ -91,20 +93,9 @@ absl::Status Session::ReadKiviSlots(int32_t index, int64_t first,
                                     std::span<std::byte> values) const {
   absl::StatusOr<int64_t> n = KiviRun(index, first, keys.size(), values.size());
   if (!n.ok()) return n.status();
-  const Layer& layer = layers_[index];
-  const int32_t p = page_layout_.page_tokens;
-  const int64_t block_bytes = page_layout_.key_block_bytes();
-  const std::byte* arena = pool_->memory().host_data();
-  for (int64_t b = 0; b < (*n + p - 1) / p; ++b) {
-    std::memcpy(
-        keys.data() + b * block_bytes,
-        arena + int64_t{layer.pages[first / p + b]} * page_layout_.page_bytes(),
-        static_cast<size_t>(block_bytes));
-  }
-  // The host backend copies a kivi_int4 page's values only (its keys are
-  // the blocks above), so no key buffer is read or written.
-  return DeviceCheck(pool_->memory().ReadSlots(page_layout_, layer.pages, first,
-                                               *n, nullptr, values.data()));
+  return DeviceCheck(pool_->memory().ReadSlots(page_layout_,
+                                               layers_[index].pages, first, *n,
+                                               keys.data(), values.data()));
 }
 
 absl::Status Session::WriteKiviSlots(int32_t index, int64_t first,
@@ -112,30 +103,29 @@ absl::Status Session::WriteKiviSlots(int32_t index, int64_t first,
                                      std::span<const std::byte> values) {
   absl::StatusOr<int64_t> n = KiviRun(index, first, keys.size(), values.size());
   if (!n.ok()) return n.status();
-  const Layer& layer = layers_[index];
-  const int32_t p = page_layout_.page_tokens;
-  const int64_t block_bytes = page_layout_.key_block_bytes();
-  std::byte* arena = pool_->memory().host_data();
-  for (int64_t b = 0; b < (*n + p - 1) / p; ++b) {
-    std::memcpy(
-        arena + int64_t{layer.pages[first / p + b]} * page_layout_.page_bytes(),
-        keys.data() + b * block_bytes, static_cast<size_t>(block_bytes));
-  }
-  return DeviceCheck(pool_->memory().WriteSlots(
-      page_layout_, layer.pages, first, *n, nullptr, values.data()));
+  return DeviceCheck(pool_->memory().WriteSlots(page_layout_,
+                                                layers_[index].pages, first, *n,
+                                                keys.data(), values.data()));
 }
 
 absl::Status Session::CheckKiviPages() const {
   if (kivi_ == nullptr) return absl::OkStatus();
   const int32_t p = page_layout_.page_tokens;
-  const std::byte* arena = pool_->memory().host_data();
   const int64_t e_count = page_layout_.token_elements();
-  std::vector<std::byte> block(
-      static_cast<size_t>(page_layout_.key_block_bytes()));
+  const int64_t block_bytes = page_layout_.key_block_bytes();
+  std::vector<std::byte> blocks;
+  std::vector<std::byte> block(static_cast<size_t>(block_bytes));
   for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& layer = layers_[l];
+    blocks.resize(layer.pages.size() * static_cast<size_t>(block_bytes));
+    if (absl::Status s = DeviceCheck(pool_->memory().ReadKeyBlocks(
+            page_layout_, layer.pages, blocks.data()));
+        !s.ok()) {
+      return s;
+    }
     // Every block's scales (finite, not negative) and zero points (int4).
-    for (const PageId page : layers_[l].pages) {
-      const std::byte* at = arena + int64_t{page} * page_layout_.page_bytes();
+    for (size_t b = 0; b < layer.pages.size(); ++b) {
+      const std::byte* at = blocks.data() + b * block_bytes;
       for (int64_t c = 0; c < e_count; ++c) {
         uint16_t scale = 0;
         std::memcpy(&scale, at + page_layout_.key_scales_offset() + 2 * c, 2);
@@ -153,15 +143,12 @@ absl::Status Session::CheckKiviPages() const {
     const std::span<const float> staging =
         kivi_->staging(static_cast<int32_t>(l));
     if (staging.empty()) continue;
-    const Layer& layer = layers_[l];
-    const PageId open = layer.pages[layer.size() / p];
+    const int64_t open = layer.size() / p;
     const KiviResult r =
         QuantizeKiviKeys(page_layout_, staging.data(),
                          static_cast<int32_t>(layer.size() % p), block.data());
-    if (!r.ok() ||
-        std::memcmp(block.data(),
-                    arena + int64_t{open} * page_layout_.page_bytes(),
-                    block.size()) != 0) {
+    if (!r.ok() || std::memcmp(block.data(), blocks.data() + open * block_bytes,
+                               block.size()) != 0) {
       return absl::InvalidArgumentError(SessionMessage(
           id_, "layer ", l,
           ": the open page's kivi_int4 key block is not the quantisation of "

@@ -103,6 +103,7 @@ absl::Status Session::ReadSlots(int32_t index, int64_t first, int64_t n,
                                 std::span<std::byte> keys,
                                 std::span<std::byte> values) const {
   if (absl::Status s = CheckLayerIndex(index); !s.ok()) return s;
+  if (kivi_ != nullptr) return ReadKiviSlots(index, first, keys, values);
   const Layer& layer = layers_[index];
   const int64_t token_bytes = page_layout_.token_bytes();
   if (first < 0 || n < 0 || first + n > layer.size() ||

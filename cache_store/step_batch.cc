@@ -103,8 +103,7 @@ void RunStepOnHost(std::byte* arena, const StepBatch& batch) {
          k < batch.key_blocks().size() && batch.key_blocks()[k].stage == stage;
          ++k) {
       const StepBatch::KeyBlock& e = batch.key_blocks()[k];
-      std::memcpy(arena + int64_t{e.page} * layout.page_bytes(), e.block,
-                  static_cast<size_t>(layout.key_block_bytes()));
+      WriteKeyBlockBytes(arena, layout, &e.page, 1, e.block);
     }
     for (; s < batch.scorings().size() && batch.scorings()[s].stage == stage;
          ++s) {

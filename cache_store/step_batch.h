@@ -68,8 +68,7 @@ class StepBatch {
     const std::byte* values = nullptr;
   };
   // A kivi_int4 page's whole key block (layout.key_block_bytes() at `block`,
-  // borrowed) written over page `page`'s, after the stage's writes. Host
-  // memory only (CUDA pools refuse kivi_int4).
+  // borrowed) written over page `page`'s, after the stage's writes.
   struct KeyBlock {
     int32_t stage = 0;
     PageId page = 0;

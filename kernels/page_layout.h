@@ -76,6 +76,15 @@ struct PageLayout {
     }
     return static_cast<int64_t>(page_tokens) * token_bytes();
   }
+  // Bytes of the keys of slots [first, first + n) in a dense buffer: n
+  // token records, or for kivi_int4 the whole key blocks of the pages those
+  // slots touch (kernels/slot_copy.h).
+  KVKEEP_HOST_DEVICE int64_t key_run_bytes(int64_t first, int64_t n) const {
+    if (!IsKivi(dtype)) return n * token_bytes();
+    const int64_t touched =
+        n > 0 ? (first % page_tokens + n + page_tokens - 1) / page_tokens : 0;
+    return touched * key_block_bytes();
+  }
   // kivi_int4's key block: where the per-channel scales and zeros start.
   KVKEEP_HOST_DEVICE int64_t key_scales_offset() const {
     return static_cast<int64_t>(page_tokens) * code_bytes();

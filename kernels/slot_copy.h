@@ -17,17 +17,27 @@
 namespace kvkeep {
 
 // Writes tokens [0, n) of `keys` and `values` into slots [first, first + n).
-// `pages` must cover slot first + n - 1. kivi_int4: values only (its keys
-// are whole key blocks, written by the session: kernels/kivi.h).
+// `pages` must cover slot first + n - 1. kivi_int4, whose keys are whole
+// per-page blocks (kernels/kivi.h): `keys` is null (values only) or holds
+// the key blocks of the pages the slots touch, in order
+// (layout.key_run_bytes(first, n) bytes), each written whole.
 void WriteSlotBytes(std::byte* arena, const PageLayout& layout,
                     const PageId* pages, int64_t first, int64_t n,
                     const std::byte* keys, const std::byte* values);
 
 // Reads slots [first, first + n) into tokens [0, n) of `keys` and `values`
-// (kivi_int4: values only; `keys` is left as it is).
+// (kivi_int4: `keys` null, or the touched pages' whole key blocks).
 void ReadSlotBytes(const std::byte* arena, const PageLayout& layout,
                    const PageId* pages, int64_t first, int64_t n,
                    std::byte* keys, std::byte* values);
+
+// kivi_int4: the key blocks of `count` pages (layout.key_block_bytes()
+// each, in the order of `pages`) out of the arena, and back.
+void ReadKeyBlockBytes(const std::byte* arena, const PageLayout& layout,
+                       const PageId* pages, int64_t count, std::byte* blocks);
+void WriteKeyBlockBytes(std::byte* arena, const PageLayout& layout,
+                        const PageId* pages, int64_t count,
+                        const std::byte* blocks);
 
 // Copies every byte of page `from` (keys, values and any scales) over page
 // `to`: the copy-on-write of a page that forked sessions share.

@@ -12,6 +12,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -200,6 +201,83 @@ TEST(SlotBytesTest, WriteThenReadRoundTrips) {
                 v2.data());
   EXPECT_EQ(k2, keys);
   EXPECT_EQ(v2, values);
+}
+
+// kivi_int4 (page_layout.h): a page's keys are one block; keys, when asked
+// for, move as the whole blocks of the pages a run touches, the values as
+// token records, and nothing else in the arena changes.
+TEST(SlotBytesTest, KiviKeysMoveAsWholeBlocksOfThePagesTouched) {
+  const PageLayout layout{16, 2, 64, DType::kKiviInt4, 32};
+  const int64_t block = layout.key_block_bytes();
+  const int64_t tb = layout.token_bytes();
+  for (const auto& [first, n] :
+       std::vector<std::pair<int64_t, int64_t>>{{0, 16}, {5, 30}, {16, 1}}) {
+    SCOPED_TRACE(::testing::PrintToString(first) + " + " +
+                 ::testing::PrintToString(n));
+    std::mt19937 rng(static_cast<uint32_t>(first * 100 + n));
+    Arena a = MakeArena(layout, first + n, rng);
+    const int64_t touched = layout.key_run_bytes(first, n) / block;
+    ASSERT_EQ(touched, (first % 16 + n + 15) / 16);
+    const std::vector<std::byte> keys = RandomBytes(touched * block, rng);
+    const std::vector<std::byte> values = RandomBytes(n * tb, rng);
+    std::vector<std::byte> want = a.bytes;
+    for (int64_t b = 0; b < touched; ++b) {
+      std::memcpy(want.data() + a.table[first / 16 + b] * layout.page_bytes(),
+                  keys.data() + b * block, block);
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t slot = first + t;
+      std::memcpy(
+          want.data() + layout.value_offset(a.table[slot / 16], slot % 16),
+          values.data() + t * tb, tb);
+    }
+    WriteSlotBytes(a.bytes.data(), layout, a.table.data(), first, n,
+                   keys.data(), values.data());
+    EXPECT_TRUE(a.bytes == want);
+
+    std::vector<std::byte> keys_back(keys.size()), values_back(values.size());
+    ReadSlotBytes(a.bytes.data(), layout, a.table.data(), first, n,
+                  keys_back.data(), values_back.data());
+    EXPECT_TRUE(keys_back == keys);
+    EXPECT_TRUE(values_back == values);
+
+    // Without keys, only the values move.
+    const std::vector<std::byte> other = RandomBytes(n * tb, rng);
+    WriteSlotBytes(a.bytes.data(), layout, a.table.data(), first, n, nullptr,
+                   other.data());
+    ReadSlotBytes(a.bytes.data(), layout, a.table.data(), first, n,
+                  keys_back.data(), values_back.data());
+    EXPECT_TRUE(keys_back == keys);
+    EXPECT_TRUE(values_back == other);
+  }
+}
+
+TEST(SlotBytesTest, KiviKeyBlocksByPageRoundTrip) {
+  const PageLayout layout{7, 3, 64, DType::kKiviInt4, 32};
+  const int64_t block = layout.key_block_bytes();
+  std::mt19937 rng(7);
+  Arena a = MakeArena(layout, 5 * 7, rng);
+  // Pages in an order of their own, one outside the layer's table.
+  PageId outside = 0;
+  while (std::find(a.table.begin(), a.table.end(), outside) != a.table.end()) {
+    ++outside;
+  }
+  const std::vector<PageId> pages = {a.table[3], a.table[0], outside,
+                                     a.table[4]};
+  const std::vector<std::byte> blocks =
+      RandomBytes(static_cast<int64_t>(pages.size()) * block, rng);
+  std::vector<std::byte> want = a.bytes;
+  for (size_t b = 0; b < pages.size(); ++b) {
+    std::memcpy(want.data() + pages[b] * layout.page_bytes(),
+                blocks.data() + b * block, block);
+  }
+  WriteKeyBlockBytes(a.bytes.data(), layout, pages.data(),
+                     static_cast<int64_t>(pages.size()), blocks.data());
+  EXPECT_TRUE(a.bytes == want);
+  std::vector<std::byte> back(blocks.size());
+  ReadKeyBlockBytes(a.bytes.data(), layout, pages.data(),
+                    static_cast<int64_t>(pages.size()), back.data());
+  EXPECT_TRUE(back == blocks);
 }
 
 }  // namespace

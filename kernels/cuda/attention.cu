@@ -49,12 +49,23 @@ __device__ __forceinline__ float LoadElement(const std::byte* base, int i) {
 
 // Element e (of [kv_heads][head_dim]) of one stored token's keys as float32:
 // a plain load for f32/f16/bf16, and for a quantised dtype the code times its
-// group's scale through kernels/quant_format.h, the functions the CPU twin
-// (kernels/quantize.cc) calls, so the keys scored are bit-identical.
+// group's scale through kernels/quant_format.h, the functions the CPU twins
+// (kernels/quantize.cc, kernels/kivi.cc) call, so the keys scored are
+// bit-identical. `token` is the token's key record, or for kivi_int4 its
+// codes' row in the key block that starts at `page` (channel e's scale and
+// zero point are the block's).
 template <DType kType>
-__device__ __forceinline__ float LoadKey(const std::byte* token,
+__device__ __forceinline__ float LoadKey(const std::byte* page,
+                                         const std::byte* token,
                                          const PageLayout& layout, int e) {
-  if constexpr (!IsQuantized(kType)) {
+  if constexpr (kType == DType::kKiviInt4) {
+    constexpr QuantSpec kSpec = SpecOf(DType::kInt4);
+    const auto* block = reinterpret_cast<const uint8_t*>(page);
+    const float scale = LoadScale(block + layout.key_scales_offset(), e);
+    return DequantCode(kSpec,
+                       LoadCode(4, reinterpret_cast<const uint8_t*>(token), e),
+                       scale, block[layout.key_zeros_offset() + e]);
+  } else if constexpr (!IsQuantized(kType)) {
     return LoadElement<kType>(token, e);
   } else {
     constexpr QuantSpec kSpec = SpecOf(kType);
@@ -151,6 +162,7 @@ __global__ void __launch_bounds__(kLogitThreads)
       continue;
     }
     const PageId page = keys.pages[s / layout.page_tokens];
+    const std::byte* page_start = keys.arena + page * layout.page_bytes();
     const std::byte* token =
         keys.arena +
         layout.key_offset(page, static_cast<int32_t>(s % layout.page_tokens));
@@ -158,8 +170,9 @@ __global__ void __launch_bounds__(kLogitThreads)
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int e = lane + i * kWarpSize;
-      k[i] =
-          e < kHeadDim ? LoadKey<kType>(token, layout, g * kHeadDim + e) : 0.0f;
+      k[i] = e < kHeadDim
+                 ? LoadKey<kType>(page_start, token, layout, g * kHeadDim + e)
+                 : 0.0f;
     }
     for (int32_t j = 0; j < group; ++j) {
       // The G query rows of this (r, g) are shared by every warp of the
@@ -282,8 +295,10 @@ cudaError_t LaunchLogits(const LogitsArgs& args, dim3 grid,
       QueryLogitsKernel<kHeadDim, DType::kInt4>
           <<<grid, kLogitThreads, 0, stream>>>(args);
       return cudaGetLastError();
-    case DType::kKiviInt4:  // CUDA pools refuse it (CudaMemory::CheckLayout)
-      return cudaErrorInvalidValue;
+    case DType::kKiviInt4:
+      QueryLogitsKernel<kHeadDim, DType::kKiviInt4>
+          <<<grid, kLogitThreads, 0, stream>>>(args);
+      return cudaGetLastError();
   }
   return cudaErrorInvalidValue;
 }

@@ -3,7 +3,8 @@
 //   out[r][s] = sum over query heads h of
 //               softmax_s( q[r][h] . K[s][h / group] / sqrt(head_dim) )
 // over the slots s with order[s] <= row_order[r] (causal), exactly 0
-// elsewhere; a row that sees no slot is all zeros. Keys f32/f16/bf16, float32
+// elsewhere; a row that sees no slot is all zeros. Keys of any layout dtype
+// (quantised ones read as their twins read them, bit for bit), float32
 // arithmetic, the softmax shifted by its maximum. The summation order of the
 // dot products and of the softmax denominator differs from the twin's, so the
 // two agree to float32 rounding, not bit for bit.

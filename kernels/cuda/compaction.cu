@@ -14,7 +14,8 @@ using internal::DispatchCopyWord;
 constexpr int kCopyThreads = 128;  // one token row of 8 x 128 bf16 = 128 uint4
 constexpr int kMaxGridY = 65535;
 
-// Copies the K and V rows of one move. Called by all threads of a block.
+// Copies the K and V rows of one move (kivi_int4: the V row; its key blocks
+// are re-quantised by the session). Called by all threads of a block.
 template <typename Word>
 __device__ inline void MoveOneSlot(std::byte* arena, const PageLayout& layout,
                                    const PageId* pages, SlotMove m) {
@@ -25,8 +26,10 @@ __device__ inline void MoveOneSlot(std::byte* arena, const PageLayout& layout,
   const int32_t to = m.to_slot % p;
   const int64_t bytes = layout.token_bytes();
   // Independent moves: the source rows are never written in this launch.
-  BlockCopyRow<Word>(arena + layout.key_offset(to_page, to),
-                     arena + layout.key_offset(from_page, from), bytes);
+  if (!IsKivi(layout.dtype)) {
+    BlockCopyRow<Word>(arena + layout.key_offset(to_page, to),
+                       arena + layout.key_offset(from_page, from), bytes);
+  }
   BlockCopyRow<Word>(arena + layout.value_offset(to_page, to),
                      arena + layout.value_offset(from_page, from), bytes);
 }
@@ -77,7 +80,8 @@ cudaError_t LaunchCompactLayers(std::byte* arena, const PageLayout& layout,
   if (arena == nullptr || layers_on_device == nullptr) {
     return cudaErrorInvalidValue;
   }
-  const int word = CopyWordBytes(layout.token_bytes(), arena, nullptr, nullptr);
+  const int word = CopyWordBytes(
+      layout.token_bytes() | layout.key_block_bytes(), arena, nullptr, nullptr);
   // At least one block per layer: max_moves only sizes the grid.
   const dim3 grid(static_cast<unsigned>(max_moves > 0 ? max_moves : 1),
                   static_cast<unsigned>(num_layers));

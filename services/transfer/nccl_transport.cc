@@ -78,12 +78,19 @@ absl::Status NcclTransport::Usable(const PageMemory& memory) {
 
 absl::StatusOr<v1::NcclOffer> NcclTransport::Offer(const std::string& target,
                                                    const PageMemory& memory,
-                                                   int64_t token_bytes,
+                                                   const PageLayout& layout,
                                                    bool required) {
   if (absl::Status s = Usable(memory); !s.ok()) return s;
   v1::NcclOffer offer;
-  offer.set_chunk_slots(std::max<int64_t>(
-      1, kChunkBytes / (2 * std::max<int64_t>(1, token_bytes))));
+  // kivi_int4: runs of whole pages, a page's key block and value records.
+  const int64_t run = IsKivi(layout.dtype) ? layout.page_tokens : 1;
+  const int64_t run_bytes =
+      IsKivi(layout.dtype)
+          ? layout.key_run_bytes(0, run) + run * layout.token_bytes()
+          : 2 * layout.token_bytes();
+  offer.set_chunk_slots(
+      run *
+      std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(1, run_bytes)));
   offer.set_required(required);
   {
     absl::MutexLock lock(&mu_);
@@ -182,7 +189,7 @@ absl::Status NcclTransport::Usable(const PageMemory&) {
 
 absl::StatusOr<v1::NcclOffer> NcclTransport::Offer(const std::string&,
                                                    const PageMemory& memory,
-                                                   int64_t, bool) {
+                                                   const PageLayout&, bool) {
   return Usable(memory);
 }
 

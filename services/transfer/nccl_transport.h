@@ -55,11 +55,12 @@ class NcclTransport {
 
   // Sender: the offer for a transfer to `target` of a session in `memory`,
   // reusing an idle link to that target when there is one (taken out of the
-  // cache until Connect's channel is Done). FAILED_PRECONDITION when NCCL
-  // cannot be used here.
+  // cache until Connect's channel is Done). Its runs of slots start on
+  // whole pages for kivi_int4 (`layout`'s keys move as page blocks).
+  // FAILED_PRECONDITION when NCCL cannot be used here.
   absl::StatusOr<v1::NcclOffer> Offer(const std::string& target,
                                       const PageMemory& memory,
-                                      int64_t token_bytes, bool required);
+                                      const PageLayout& layout, bool required);
   // Sender, once the target took `offer`: the channel (joining a new
   // communicator as rank 0, which waits for the target to join).
   absl::StatusOr<std::unique_ptr<NcclChannel>> Connect(

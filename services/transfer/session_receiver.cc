@@ -35,10 +35,7 @@ size_t TotalBytes(const std::vector<std::span<const std::byte>>& pieces) {
 // Key and value bytes of slots [first, first + n) of a layer as they travel:
 // kivi_int4's keys are the whole key blocks of the pages the slots touch.
 int64_t SlotRunBytes(const PageLayout& layout, int64_t first, int64_t n) {
-  if (!IsKivi(layout.dtype)) return 2 * n * layout.token_bytes();
-  const int64_t p = layout.page_tokens;
-  const int64_t pages = (first % p + n + p - 1) / p;
-  return pages * layout.key_block_bytes() + n * layout.token_bytes();
+  return layout.key_run_bytes(first, n) + n * layout.token_bytes();
 }
 
 // Walks a list of pieces (ChunkView's keys or values) from the front.
@@ -140,22 +137,24 @@ absl::Status ReceiveChunks(SlotStream& stream, SideReceive& receive,
               HostSlotSpans(arena, page_layout, pages, first, n, &spans);
               return stream.ReceiveChunk(*header, spans);
             }
-            const int64_t bytes = n * page_layout.token_bytes();
-            if (2 * bytes > kMaxStagedChunkBytes) {
+            const int64_t bytes = SlotRunBytes(page_layout, first, n);
+            if (bytes > kMaxStagedChunkBytes) {
               return absl::InvalidArgumentError(
-                  absl::StrCat("data socket: a chunk of ", 2 * bytes,
+                  absl::StrCat("data socket: a chunk of ", bytes,
                                " bytes; a device pool takes at most ",
                                kMaxStagedChunkBytes));
             }
-            staging.resize(static_cast<size_t>(2 * bytes));
+            const int64_t key_bytes = page_layout.key_run_bytes(first, n);
+            staging.resize(static_cast<size_t>(bytes));
             const std::span<std::byte> all(staging);
-            spans.keys.push_back(all.first(bytes));
-            spans.values.push_back(all.subspan(bytes));
+            spans.keys.push_back(all.first(key_bytes));
+            spans.values.push_back(all.subspan(key_bytes));
             if (absl::Status r = stream.ReceiveChunk(*header, spans); !r.ok()) {
               return r;
             }
             return memory.WriteSlots(page_layout, pages, first, n,
-                                     staging.data(), staging.data() + bytes);
+                                     staging.data(),
+                                     staging.data() + key_bytes);
           });
       if (!s.ok()) return s;
       done += header->slots;

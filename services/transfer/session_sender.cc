@@ -94,8 +94,15 @@ absl::StatusOr<std::unique_ptr<PageSender>> ChooseSender(
 // with its bytes in place when the source says where they lie. `bytes`
 // counts what was sent.
 absl::Status SendPages(const SessionSnapshot& snapshot,
-                       const SlotSource& source, int64_t token_bytes,
+                       const SlotSource& source, const SendOptions& options,
                        PageSender& sender, int64_t* bytes) {
+  const int64_t token_bytes = options.token_bytes;
+  // Keys of n slots from a chunk's first (a multiple of the slot multiple).
+  const auto key_bytes = [&](int64_t n) {
+    if (options.key_block_bytes == 0) return n * token_bytes;
+    const int64_t p = options.chunk_slot_multiple;
+    return (n + p - 1) / p * options.key_block_bytes;
+  };
   std::vector<std::byte> buffer;  // bytes read out, when not in place
   for (size_t l = 0; l < snapshot.layers.size(); ++l) {
     const int32_t layer = static_cast<int32_t>(l);
@@ -108,10 +115,10 @@ absl::Status SendPages(const SessionSnapshot& snapshot,
         if (!in_place.ok()) return in_place.status();
         spans = *std::move(in_place);
       } else if (sender.needs_bytes()) {
-        buffer.resize(static_cast<size_t>(2 * n * token_bytes));
+        buffer.resize(static_cast<size_t>(key_bytes(n) + n * token_bytes));
         const std::span<std::byte> all(buffer);
-        spans.keys.push_back(all.first(n * token_bytes));
-        spans.values.push_back(all.subspan(n * token_bytes));
+        spans.keys.push_back(all.first(key_bytes(n)));
+        spans.values.push_back(all.subspan(key_bytes(n)));
         if (absl::Status s =
                 source.read(layer, first, n, spans.keys[0], spans.values[0]);
             !s.ok()) {
@@ -121,10 +128,10 @@ absl::Status SendPages(const SessionSnapshot& snapshot,
       const Chunk chunk = ChunkOf(layer, first, n, spans);
       if (absl::Status s = sender.Send(chunk); !s.ok()) return s;
       // What went (kivi_int4: key blocks and value records); NCCL reads no
-      // bytes through the host and moves whole tokens.
+      // bytes through the host and moves the same.
       *bytes += sender.needs_bytes()
                     ? static_cast<int64_t>(KeyBytes(chunk) + ValueBytes(chunk))
-                    : 2 * n * token_bytes;
+                    : key_bytes(n) + n * token_bytes;
     }
   }
   return sender.Finish();
@@ -269,8 +276,8 @@ SendResult Send(const SessionSnapshot& snapshot, const SlotSource& source,
   TransferCancel::Binding abort(options.cancel,
                                 [s = sender->get()] { s->Abort(); });
   result.transport = (*sender)->transport();
-  if (absl::Status s = SendPages(snapshot, source, options.token_bytes,
-                                 **sender, &result.bytes);
+  if (absl::Status s =
+          SendPages(snapshot, source, options, **sender, &result.bytes);
       !s.ok()) {
     if (call->Broken()) return end("the target stopped taking chunks");
     return cancel(s);

@@ -39,6 +39,9 @@ struct SendOptions {
   // Chunks start on multiples of this many slots: kivi_int4's page_tokens
   // (its keys move as whole key blocks, SessionState.format 2), else 1.
   int64_t chunk_slot_multiple = 1;
+  // kivi_int4: one page's key block, the keys of chunk_slot_multiple slots
+  // as they move; 0: keys move as token records of token_bytes.
+  int64_t key_block_bytes = 0;
   std::string target;        // host:port
   std::string target_token;  // bearer token, or empty
   std::string peer_token;    // this store's peer token, or empty

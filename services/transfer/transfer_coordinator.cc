@@ -126,8 +126,8 @@ absl::StatusOr<std::optional<v1::NcclOffer>> TransferCoordinator::NcclOffer(
     return std::nullopt;
   }
   const bool required = transfer.transport == Transport::kNccl;
-  absl::StatusOr<v1::NcclOffer> made = nccl_.Offer(
-      transfer.target, *pool.memory, pool.page_layout.token_bytes(), required);
+  absl::StatusOr<v1::NcclOffer> made =
+      nccl_.Offer(transfer.target, *pool.memory, pool.page_layout, required);
   if (made.ok()) return *std::move(made);
   if (!required) return std::nullopt;
   return absl::Status(
@@ -199,6 +199,7 @@ TransferOutcome TransferCoordinator::Run(const OutgoingTransfer& transfer,
   options.token_bytes = pool->page_layout.token_bytes();
   if (IsKivi(pool->page_layout.dtype)) {
     options.chunk_slot_multiple = pool->page_layout.page_tokens;
+    options.key_block_bytes = pool->page_layout.key_block_bytes();
   }
   // The session is frozen: its block tables hold still while it moves.
   std::vector<std::optional<BlockTable>> tables(snapshot->layers.size());

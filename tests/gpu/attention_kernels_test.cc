@@ -40,6 +40,7 @@
 #include "kernels/attention.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/dtype.h"
+#include "kernels/kivi.h"
 #include "kernels/page_layout.h"
 #include "kernels/quantize.h"
 
@@ -80,7 +81,28 @@ HostKeys MakeKeys(const PageLayout& layout, int64_t slots, std::mt19937& rng,
   f.pages.assign(all.begin(), all.begin() + needed);
   f.arena.assign(total * layout.page_bytes(), std::byte{0xff});
   const int64_t elem = DTypeBytes(layout.dtype);
-  for (int64_t s = 0; s < slots; ++s) {
+  if (IsKivi(layout.dtype)) {  // each page's key block, as the store
+    const int32_t p = layout.page_tokens;
+    const int64_t e_count = layout.token_elements();
+    for (int64_t first = 0; first < slots; first += p) {
+      const int32_t count =
+          static_cast<int32_t>(std::min<int64_t>(p, slots - first));
+      std::vector<float> keys(count * e_count);
+      for (int32_t t = 0; t < count; ++t) {
+        for (int64_t c = 0; c < e_count; ++c) {
+          keys[t * e_count + c] =
+              key(first + t, static_cast<int32_t>(c / layout.head_dim),
+                  static_cast<int32_t>(c % layout.head_dim));
+        }
+      }
+      EXPECT_TRUE(
+          QuantizeKiviKeys(layout, keys.data(), count,
+                           f.arena.data() + int64_t{f.pages[first / p]} *
+                                                layout.page_bytes())
+              .ok());
+    }
+  }
+  for (int64_t s = 0; s < slots && !IsKivi(layout.dtype); ++s) {
     const int64_t base =
         layout.key_offset(f.pages[s / layout.page_tokens],
                           static_cast<int32_t>(s % layout.page_tokens));
@@ -244,16 +266,18 @@ TEST(QueryAttentionKernelTest, MatchesTwinOverAwkwardSizes) {
   EXPECT_EQ(cases, 5 * 3 * 3 * 3 * 2);
 }
 
-// Quantised keys (int8, fp8_e4m3, int4): the kernel dequantises each key
-// element with the twin's functions, so the keys are bit-identical and the
-// tolerances above hold unchanged.
+// Quantised keys (int8, fp8_e4m3, int4, and kivi_int4's per-page key
+// blocks): the kernel dequantises each key element with the twin's
+// functions, so the keys are bit-identical and the tolerances above hold
+// unchanged.
 TEST(QueryAttentionKernelTest, QuantisedKeysMatchTwin) {
   KVKEEP_REQUIRE_GPU();
   int cases = 0;
   for (int32_t page_tokens : {1, 7, 16}) {
     for (int32_t head_dim : {64, 80, 128}) {
       for (int32_t group : {1, 4}) {
-        for (DType dtype : {DType::kInt8, DType::kFp8E4M3, DType::kInt4}) {
+        for (DType dtype :
+             {DType::kInt8, DType::kFp8E4M3, DType::kInt4, DType::kKiviInt4}) {
           RandomCase(
               page_tokens, head_dim, /*kv_heads=*/2, group, dtype, 300, nullptr,
               page_tokens * 13 + head_dim + group + static_cast<int>(dtype));
@@ -263,7 +287,7 @@ TEST(QueryAttentionKernelTest, QuantisedKeysMatchTwin) {
       }
     }
   }
-  EXPECT_EQ(cases, 3 * 3 * 2 * 3);
+  EXPECT_EQ(cases, 3 * 3 * 2 * 4);
 }
 
 // The other head dims the dispatch supports.

@@ -6,6 +6,7 @@
 // on one pool (each on a lane of its own) give the bytes the host gives. A
 // scoring too big for one staging segment gives exactly what the same rows
 // give in small batches.
+// kivi_int4 batches (key blocks, values-only writes) as on the host too.
 // Skipped without a CUDA device (the session-level cases of
 // tests/step_batch_test.cc run on the GPU through KVKEEP_TEST_DEVICE).
 #include "cache_store/step_batch.h"
@@ -26,6 +27,8 @@
 #include "gtest/gtest.h"
 #include "kernels/compaction.h"
 #include "kernels/dtype.h"
+#include "kernels/kivi.h"
+#include "kernels/quantize.h"
 
 namespace kvkeep {
 namespace {
@@ -278,6 +281,111 @@ TEST(StepBatchGpuCopyTest, PageCopiesRunFirstInTheirStageAsOnTheHost) {
               std::memcmp(ck.data() + 2 * page_tokens * layout.token_bytes(),
                           bytes.data() + 2 * page_tokens * layout.token_bytes(),
                           page_tokens * layout.token_bytes()));
+  }
+}
+
+// kivi_int4 (keys one block a page): a batch's moves and writes carry
+// values only, its key blocks land after the stage's writes (and after the
+// stage's page copies), and scoring reads the blocks; byte for byte and row
+// for row as on the host. Whole-page reads and ReadKeyBlocks agree too.
+TEST(StepBatchGpuKiviTest, KeyBlocksValuesAndScoringAsOnTheHost) {
+  KVKEEP_REQUIRE_GPU();
+  for (int32_t page_tokens : {1, 7, 16}) {
+    SCOPED_TRACE(::testing::Message() << "page_tokens " << page_tokens);
+    const PageLayout layout{page_tokens, kKvHeads, 64, DType::kKiviInt4, 32};
+    constexpr int64_t kPages = 12;
+    const int64_t p = page_tokens;
+    const int64_t e_count = layout.token_elements();
+    const int64_t block_bytes = layout.key_block_bytes();
+    std::mt19937 rng(static_cast<uint32_t>(500 + page_tokens));
+    std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+    const auto floats = [&](int64_t n) {
+      std::vector<float> v(n * e_count);
+      for (float& x : v) x = value(rng);
+      return v;
+    };
+    const auto block_of = [&](std::byte* out) {
+      const std::vector<float> keys = floats(p);
+      ASSERT_TRUE(QuantizeKiviKeys(layout, keys.data(), page_tokens, out).ok());
+    };
+    const auto records = [&](int64_t n) {
+      std::vector<std::byte> out(n * layout.token_bytes());
+      const std::vector<float> v = floats(n);
+      EXPECT_TRUE(
+          QuantizeTokens(layout, DType::kF32, v.data(), n, out.data()).ok());
+      return out;
+    };
+    std::unique_ptr<PageMemory> host =
+        *NewHostMemory(kPages * layout.page_bytes(), false);
+    std::unique_ptr<PageMemory> cuda =
+        *NewCudaMemory(0, kPages * layout.page_bytes());
+    std::vector<PageId> all(kPages);
+    std::iota(all.begin(), all.end(), 0);
+    const int64_t slots = kPages * p;
+    std::vector<std::byte> blocks(kPages * block_bytes);
+    for (int64_t b = 0; b < kPages; ++b)
+      block_of(blocks.data() + b * block_bytes);
+    const std::vector<std::byte> values = records(slots);
+    for (PageMemory* m : {host.get(), cuda.get()}) {
+      ASSERT_TRUE(
+          m->WriteSlots(layout, all, 0, slots, blocks.data(), values.data())
+              .ok());
+    }
+    // A layer of 8 shuffled pages, 3 slots short of full; pages 8-11 spare.
+    std::vector<PageId> layer(all.begin(), all.begin() + 8);
+    std::shuffle(layer.begin(), layer.end(), rng);
+    int64_t size = 8 * p - 3;
+    std::vector<int32_t> victims(size);
+    std::iota(victims.begin(), victims.end(), 0);
+    std::shuffle(victims.begin(), victims.end(), rng);
+    victims.resize(std::min<int64_t>(size / 2, 5));
+    std::vector<uint8_t> scratch;
+    const std::vector<SlotMove> moves = PlanCompaction(victims, size, scratch);
+    size -= static_cast<int64_t>(victims.size());
+    const std::vector<std::byte> written = records(2);
+    std::vector<std::byte> new_blocks(3 * block_bytes);
+    for (int64_t b = 0; b < 3; ++b) {
+      block_of(new_blocks.data() + b * block_bytes);
+    }
+    std::vector<float> queries(2 * kQueryHeads * layout.head_dim);
+    for (float& q : queries) q = value(rng);
+    std::vector<int64_t> order(size + 2);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    const std::vector<int64_t> row_order = {size, size + 1};
+    std::vector<float> host_out(2 * (size + 2), -1.0f), cuda_out = host_out;
+    const auto record = [&](StepBatch& batch, std::vector<float>& out) {
+      batch.AddMoves(layer, moves);
+      batch.AddWrite(layer, size, 2, nullptr, written.data());
+      batch.AddKeyBlock(layer[0], new_blocks.data());
+      batch.AddKeyBlock(layer[size / p], new_blocks.data() + block_bytes);
+      batch.AddScoring(layer, order, size + 2, queries.data(), row_order,
+                       kQueryHeads, out.data());
+      batch.NextStage();
+      // A copy-on-write copy, then a block over the copy: copies first.
+      batch.AddPageCopy(layer[1], 9);
+      batch.AddKeyBlock(9, new_blocks.data() + 2 * block_bytes);
+    };
+    StepBatch host_batch(layout), cuda_batch(layout);
+    record(host_batch, host_out);
+    record(cuda_batch, cuda_out);
+    ASSERT_TRUE(host->RunStep(host_batch).ok());
+    const absl::Status ran = cuda->RunStep(cuda_batch);
+    ASSERT_TRUE(ran.ok()) << ran;
+    std::vector<std::byte> hk(blocks.size()), hv(values.size()),
+        ck(blocks.size()), cv(values.size());
+    ASSERT_TRUE(
+        host->ReadSlots(layout, all, 0, slots, hk.data(), hv.data()).ok());
+    ASSERT_TRUE(
+        cuda->ReadSlots(layout, all, 0, slots, ck.data(), cv.data()).ok());
+    EXPECT_TRUE(hk == ck);
+    EXPECT_TRUE(hv == cv);
+    std::vector<std::byte> by_page(blocks.size());
+    ASSERT_TRUE(cuda->ReadKeyBlocks(layout, all, by_page.data()).ok());
+    EXPECT_TRUE(by_page == hk);
+    EXPECT_EQ(0, std::memcmp(hk.data() + 9 * block_bytes,
+                             new_blocks.data() + 2 * block_bytes, block_bytes));
+    ExpectRowsNear(host_out, cuda_out);
   }
 }
 
