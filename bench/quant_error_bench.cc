@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "kernels/dtype.h"
+#include "kernels/kivi.h"
 #include "kernels/page_layout.h"
 #include "kernels/quantize.h"
 
@@ -214,6 +215,54 @@ double BestSeconds(Fn fn) {
   return best;
 }
 
+// kivi_int4's keys (kernels/kivi.h), as the store handles them: the bf16
+// input widened to float32, then quantised per channel by page, token by
+// token as a decode appends (each append re-quantises the open page from
+// its tokens so far) and a page at a time as a prefill does; ReadKv
+// dequantises whole pages. On either backend this runs on the host (a CUDA
+// pool is sent the blocks).
+void KiviSpeed(const std::vector<uint16_t>& bf16, int64_t n, double gb) {
+  const PageLayout layout{16, kKvHeads, kHeadDim, DType::kKiviInt4, 32};
+  const int64_t e = layout.token_elements();
+  const int64_t pages = n / layout.page_tokens;
+  std::vector<float> keys(n * e);
+  std::vector<std::byte> blocks(pages * layout.key_block_bytes());
+  std::vector<uint16_t> back(n * e);
+  const auto widen = [&] {
+    for (int64_t i = 0; i < n * e; ++i) keys[i] = Bf16ToFloat(bf16[i]);
+  };
+  const double decode = BestSeconds([&] {
+    widen();
+    KiviOpenPage open(layout);
+    for (int64_t t = 0; t < pages * layout.page_tokens; ++t) {
+      open.Append(
+          keys.data() + t * e, 1,
+          blocks.data() + t / layout.page_tokens * layout.key_block_bytes());
+    }
+  });
+  const double prefill = BestSeconds([&] {
+    widen();
+    for (int64_t p = 0; p < pages; ++p) {
+      QuantizeKiviKeys(layout, keys.data() + p * layout.page_tokens * e,
+                       layout.page_tokens,
+                       blocks.data() + p * layout.key_block_bytes());
+    }
+  });
+  const double read = BestSeconds([&] {
+    for (int64_t p = 0; p < pages; ++p) {
+      DequantizeKiviKeys(layout, blocks.data() + p * layout.key_block_bytes(),
+                         0, layout.page_tokens, DType::kBF16,
+                         back.data() + p * layout.page_tokens * e);
+    }
+  });
+  const double used = gb * static_cast<double>(pages * layout.page_tokens) /
+                      static_cast<double>(n);
+  std::printf("%-10s %12.2f %12.2f   (keys, a token at a time)\n", "kivi_int4",
+              used / decode, used / read);
+  std::printf("%-10s %12.2f %12s   (keys, a page at a time)\n", "kivi_int4",
+              used / prefill, "");
+}
+
 // GB/s of the bf16 input quantised (append) and of the bf16 output
 // dequantised (ReadKv as bf16), against a bf16 copy in the same run.
 void SpeedTable(const Data& d) {
@@ -241,6 +290,7 @@ void SpeedTable(const Data& d) {
     std::printf("%-10s %12.2f %12.2f\n", std::string(DTypeName(dtype)).c_str(),
                 gb / q, gb / dq);
   }
+  KiviSpeed(bf16, n, gb);
 }
 
 }  // namespace

@@ -22,55 +22,98 @@ float KeyAt(const PageLayout& layout, const uint8_t* block, int32_t slot,
                      ChannelZero(layout, block, c));
 }
 
-}  // namespace
-
-KiviResult QuantizeKiviKeys(const PageLayout& layout, const float* keys,
-                            int32_t n, std::byte* out) {
-  const int64_t e_count = layout.token_elements();
-  std::vector<uint16_t> scale_bits(e_count);
-  std::vector<uint8_t> zeros(e_count);
-  std::vector<uint8_t> codes(layout.key_scales_offset(), 0);
+// The error QuantizeKiviKeys reports for keys that cannot be quantised:
+// channel by channel, the first token holding a NaN or an infinity, else
+// the channel's range if it does not fit a binary16 scale.
+KiviResult FirstError(const float* keys, int32_t n, int64_t e_count) {
   for (int64_t c = 0; c < e_count; ++c) {
-    float lo = 0.0f, hi = 0.0f;  // the range always holds 0
+    float lo = 0.0f, hi = 0.0f;
     for (int32_t t = 0; t < n; ++t) {
       const float x = keys[t * e_count + c];
       if (!(x - x == 0.0f)) return KiviResult{QuantError::kNonFinite, t, c};
       lo = x < lo ? x : lo;
       hi = x > hi ? x : hi;
     }
+    uint16_t bits;
     float scale;
     int32_t zero;
-    if (const QuantError e =
-            GroupScale(kSpec, lo, hi, &scale_bits[c], &scale, &zero);
+    if (const QuantError e = GroupScale(kSpec, lo, hi, &bits, &scale, &zero);
         e != QuantError::kOk) {
       return KiviResult{e, 0, c};
     }
-    zeros[c] = static_cast<uint8_t>(zero);
-    for (int32_t t = 0; t < n; ++t) {
-      const int32_t q = CodeOf(kSpec, keys[t * e_count + c], scale, zero);
-      codes[t * layout.code_bytes() + c / 2] |=
-          static_cast<uint8_t>((c & 1) ? q << 4 : q);
-    }
   }
-  auto* block = reinterpret_cast<uint8_t*>(out);
-  std::memcpy(block, codes.data(), codes.size());
-  uint8_t* scales = block + layout.key_scales_offset();
-  for (int64_t c = 0; c < e_count; ++c) {
-    scales[2 * c] = static_cast<uint8_t>(scale_bits[c] & 0xffu);
-    scales[2 * c + 1] = static_cast<uint8_t>(scale_bits[c] >> 8);
-  }
-  std::memcpy(block + layout.key_zeros_offset(), zeros.data(), zeros.size());
   return KiviResult{};
 }
 
+}  // namespace
+
+// Token by token over each row (the keys' own order), so the loops read and
+// write contiguous memory; the arithmetic per channel is the same calls in
+// any order (GroupScale over the channel's range, CodeOf per key).
+KiviResult QuantizeKiviKeys(const PageLayout& layout, const float* keys,
+                            int32_t n, std::byte* out) {
+  const int64_t e_count = layout.token_elements();
+  std::vector<float> lo(e_count, 0.0f), hi(e_count, 0.0f);  // ranges hold 0
+  bool finite = true;
+  for (int32_t t = 0; t < n; ++t) {
+    const float* row = keys + t * e_count;
+    for (int64_t c = 0; c < e_count; ++c) {
+      const float x = row[c];
+      finite = finite && x - x == 0.0f;
+      lo[c] = x < lo[c] ? x : lo[c];
+      hi[c] = x > hi[c] ? x : hi[c];
+    }
+  }
+  if (!finite) return FirstError(keys, n, e_count);
+  std::vector<uint16_t> scale_bits(e_count);
+  std::vector<float> scales(e_count);
+  std::vector<int32_t> zeros(e_count);
+  for (int64_t c = 0; c < e_count; ++c) {
+    if (GroupScale(kSpec, lo[c], hi[c], &scale_bits[c], &scales[c],
+                   &zeros[c]) != QuantError::kOk) {
+      return FirstError(keys, n, e_count);
+    }
+  }
+  auto* block = reinterpret_cast<uint8_t*>(out);
+  const int64_t code_bytes = layout.code_bytes();
+  std::memset(block, 0, static_cast<size_t>(layout.key_scales_offset()));
+  for (int32_t t = 0; t < n; ++t) {
+    const float* row = keys + t * e_count;
+    uint8_t* codes = block + t * code_bytes;
+    for (int64_t i = 0; i < code_bytes; ++i) {  // channels 2i and 2i + 1
+      const int64_t c = 2 * i;
+      codes[i] = static_cast<uint8_t>(
+          CodeOf(kSpec, row[c], scales[c], zeros[c]) |
+          CodeOf(kSpec, row[c + 1], scales[c + 1], zeros[c + 1]) << 4);
+    }
+  }
+  uint8_t* scale_out = block + layout.key_scales_offset();
+  uint8_t* zero_out = block + layout.key_zeros_offset();
+  for (int64_t c = 0; c < e_count; ++c) {
+    scale_out[2 * c] = static_cast<uint8_t>(scale_bits[c] & 0xffu);
+    scale_out[2 * c + 1] = static_cast<uint8_t>(scale_bits[c] >> 8);
+    zero_out[c] = static_cast<uint8_t>(zeros[c]);
+  }
+  return KiviResult{};
+}
+
+// Each channel's scale and zero point decoded once, then the rows in order.
 void DequantizeKiviKeys(const PageLayout& layout, const std::byte* in,
                         int32_t first, int32_t n, DType out_type, void* out) {
   const auto* block = reinterpret_cast<const uint8_t*>(in);
   const int64_t e_count = layout.token_elements();
+  std::vector<float> scales(e_count);
+  std::vector<int32_t> zeros(e_count);
+  for (int64_t c = 0; c < e_count; ++c) {
+    scales[c] = ChannelScale(layout, block, c);
+    zeros[c] = ChannelZero(layout, block, c);
+  }
   for (int32_t t = 0; t < n; ++t) {
+    const uint8_t* row = block + (first + t) * layout.code_bytes();
     for (int64_t c = 0; c < e_count; ++c) {
-      StoreFromFloat(out_type, out, t * e_count + c,
-                     KeyAt(layout, block, first + t, c));
+      StoreFromFloat(
+          out_type, out, t * e_count + c,
+          DequantCode(kSpec, LoadCode(4, row, c), scales[c], zeros[c]));
     }
   }
 }

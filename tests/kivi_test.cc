@@ -169,6 +169,73 @@ TEST(KiviTest, ErrorWithinHalfItsChannelsStep) {
 // The open page: appending its tokens one, three, ... at a time writes, at
 // every step, the block that quantising all tokens present at once writes;
 // once full, the staging is dropped.
+// The block as kernels/kivi.h defines it, channel by channel, straight from
+// the contract (range holding 0, GroupScale, CodeOf per key), with its
+// first error in channel order: what the row-major twin must equal.
+KiviResult ReferenceBlock(const PageLayout& l, const float* keys, int32_t n,
+                          std::vector<std::byte>* out) {
+  const QuantSpec spec = SpecOf(DType::kInt4);
+  const int64_t e_count = l.token_elements();
+  std::vector<uint8_t> block(l.key_block_bytes(), 0);
+  for (int64_t c = 0; c < e_count; ++c) {
+    float lo = 0.0f, hi = 0.0f;
+    for (int32_t t = 0; t < n; ++t) {
+      const float x = keys[t * e_count + c];
+      if (!std::isfinite(x)) return KiviResult{QuantError::kNonFinite, t, c};
+      lo = std::min(lo, x);
+      hi = std::max(hi, x);
+    }
+    uint16_t bits;
+    float scale;
+    int32_t zero;
+    if (const QuantError e = GroupScale(spec, lo, hi, &bits, &scale, &zero);
+        e != QuantError::kOk) {
+      return KiviResult{e, 0, c};
+    }
+    for (int32_t t = 0; t < n; ++t) {
+      const int32_t q = CodeOf(spec, keys[t * e_count + c], scale, zero);
+      block[t * l.code_bytes() + c / 2] |= (c % 2 == 0 ? q : q << 4);
+    }
+    std::memcpy(block.data() + l.key_scales_offset() + 2 * c, &bits, 2);
+    block[l.key_zeros_offset() + c] = static_cast<uint8_t>(zero);
+  }
+  out->resize(block.size());
+  std::memcpy(out->data(), block.data(), block.size());
+  return KiviResult{};
+}
+
+TEST(KiviTest, BlocksAndErrorsEqualAChannelByChannelReference) {
+  for (const PageLayout& l : {Layout(16, 3, 64), Layout(7, 2, 32)}) {
+    const int64_t e_count = l.token_elements();
+    std::vector<float> keys = Gaussian(l.page_tokens * e_count, 11);
+    for (int64_t c = 0; c < e_count; c += 9) {  // outlier channels
+      for (int32_t t = 0; t < l.page_tokens; ++t) keys[t * e_count + c] *= 30;
+    }
+    for (int32_t n = 1; n <= l.page_tokens; ++n) {
+      std::vector<std::byte> want;
+      ASSERT_TRUE(ReferenceBlock(l, keys.data(), n, &want).ok());
+      EXPECT_EQ(Block(l, keys.data(), n), want) << n << " tokens";
+    }
+    // Two faults: a NaN at channel 9 of token 1, a range too wide at
+    // channel 5 of token 2. Channel order reports channel 5's; with channel
+    // 5 mended, the NaN.
+    std::vector<float> bad = keys;
+    bad[1 * e_count + 9] = std::numeric_limits<float>::quiet_NaN();
+    bad[2 * e_count + 5] = 65504.0f * 16;
+    for (int pass = 0; pass < 2; ++pass) {
+      std::vector<std::byte> unused, block(l.key_block_bytes(), std::byte{7});
+      const KiviResult want = ReferenceBlock(l, bad.data(), 4, &unused);
+      const KiviResult got = QuantizeKiviKeys(l, bad.data(), 4, block.data());
+      EXPECT_EQ(got.error, want.error);
+      EXPECT_EQ(got.token, want.token);
+      EXPECT_EQ(got.channel, want.channel);
+      EXPECT_EQ(got.channel, pass == 0 ? 5 : 9);
+      EXPECT_EQ(block, std::vector<std::byte>(block.size(), std::byte{7}));
+      bad[2 * e_count + 5] = 0.5f;
+    }
+  }
+}
+
 TEST(KiviOpenPageTest, RequantisingAsItFillsEqualsQuantisingAtOnce) {
   const PageLayout l = Layout(16, 3, 64);
   const int64_t e_count = l.token_elements();
