@@ -119,8 +119,13 @@ void KvKeepService::Send(
     moved = SessionEventOf(*s);
   }
   moved.set_peer(target);
+  // Calls on the old id here are redirected from the commit on
+  // (docs/fleet.md): the move is remembered before the session closes.
+  transfer.on_commit = [this, id, tenant = std::move(tenant),
+                        target](const std::string& replica) {
+    moved_.Add(id, MovedSessions::Move{tenant, replica, target});
+  };
   transfers_.Send(std::move(transfer), [this, id, target,
-                                        tenant = std::move(tenant),
                                         moved = std::move(moved),
                                         done = std::move(done)](
                                            const TransferOutcome& outcome) {
@@ -134,8 +139,6 @@ void KvKeepService::Send(
       done(named, "");
       return;
     }
-    // Calls on the old id here are redirected from now on (docs/fleet.md).
-    moved_.Add(id, MovedSessions::Move{tenant, outcome.target_replica, target});
     const std::string new_id = FleetSessionId(outcome.target_replica, id);
     events_.SessionEnded(v1::EVENT_SESSION_MOVED_OUT, id, moved);
     LogEvent("transfer",

@@ -263,7 +263,7 @@ TransferOutcome TransferCoordinator::Run(const OutgoingTransfer& transfer,
   outcome.transport = sent.transport;
   outcome.bytes = sent.bytes;
   outcome.target_replica = sent.target_replica;
-  outcome.status = Settle(id, transfer_id, sent, &outcome.doubt);
+  outcome.status = Settle(transfer, transfer_id, sent, &outcome.doubt);
   return outcome;
 }
 
@@ -284,13 +284,15 @@ SendOptions TransferCoordinator::SendOptionsFor(
   return options;
 }
 
-absl::Status TransferCoordinator::Settle(SessionId id,
+absl::Status TransferCoordinator::Settle(const OutgoingTransfer& transfer,
                                          const std::string& transfer_id,
                                          const SendResult& sent,
                                          int64_t* doubt) {
+  const SessionId id = transfer.id;
   absl::MutexLock lock(&mu_);
   if (sent.status.ok()) {
     outgoing_.erase(id);
+    if (transfer.on_commit) transfer.on_commit(sent.target_replica);
     store_->FinishTransfer(id, /*committed=*/true).IgnoreError();
     return absl::OkStatus();
   }
@@ -354,6 +356,7 @@ void TransferCoordinator::Resolve(const OutgoingTransfer& transfer,
     // The target said: closed here (it holds the session), or serving here
     // again (it never will).
     outgoing_.erase(id);
+    if (*committed && transfer.on_commit) transfer.on_commit("");
     store_->FinishTransfer(id, *committed).IgnoreError();
     if (options_.on_resolved) options_.on_resolved(id, transfer_id, *committed);
     return;

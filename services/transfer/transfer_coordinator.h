@@ -87,6 +87,11 @@ struct OutgoingTransfer {
   absl::Time deadline = absl::InfiniteFuture();
   // The caller's cancel (may be null).
   std::shared_ptr<TransferCancel> cancel;
+  // Told once the target committed, before the session is closed here, so
+  // that a call which then finds it gone can already say where it went;
+  // with the target's replica name (empty when a commit in doubt was
+  // settled by asking). May be empty.
+  std::function<void(const std::string& target_replica)> on_commit;
 };
 
 struct TransferOutcome {
@@ -144,9 +149,9 @@ class TransferCoordinator {
       ABSL_LOCKS_EXCLUDED(mu_);
   // Phase 2 on this side, from how the send ended (`doubt`: which doubt an
   // in-doubt end is, for Resolve).
-  absl::Status Settle(SessionId id, const std::string& transfer_id,
-                      const SendResult& sent, int64_t* doubt)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Settle(const OutgoingTransfer& transfer,
+                      const std::string& transfer_id, const SendResult& sent,
+                      int64_t* doubt) ABSL_LOCKS_EXCLUDED(mu_);
   // Asks the target about a commit in doubt until it says, and settles the
   // session accordingly; gives up after resolve_attempts or on the drain.
   void Resolve(const OutgoingTransfer& transfer, const std::string& transfer_id,

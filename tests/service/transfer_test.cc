@@ -24,6 +24,7 @@
 #include "services/transfer/session_receiver.h"
 #include "services/transfer/session_state.h"
 #include "services/transfer/tcp_transport.h"
+#include "services/transfer/transfer_coordinator.h"
 #include "tests/testing/faulty_page_sender.h"
 #include "tests/testing/metrics_testing.h"
 #include "tests/testing/test_server.h"
@@ -221,6 +222,54 @@ TEST(TransferTest, TheLeaseTravelsWithTheSession) {
 // A session started from a named prefix protects the prefix's tokens
 // (PolicySpec.protect_first); moved to another store, it still does: the
 // target keeps every prefix token resident however much it evicts after.
+// A committed move is told (OutgoingTransfer::on_commit) before the session
+// closes here, so that a call which finds it gone can already be told where
+// it went (a draining replica's redirect, docs/fleet.md); a move that fails
+// is never told.
+TEST(TransferTest, TheCommitIsToldBeforeTheSessionClosesHere) {
+  Store source(256), target(256), full(1);
+  std::mt19937 rng(5);
+  const client::Session s = Decoded(source, "h2o", rng);
+  const SessionId id = *ParseSessionName(s.id());
+  // A second coordinator on the source's store, to watch the commit.
+  TransferOptions options;
+  options.peer_token = testing::kTestPeerToken;
+  TransferCoordinator coordinator(&source.store(), options);
+  auto send = [&](const std::string& to, int* told, absl::Status* at_commit) {
+    OutgoingTransfer transfer;
+    transfer.id = id;
+    transfer.target = to;
+    transfer.transport = Transport::kHost;
+    transfer.deadline = absl::Now() + absl::Seconds(60);
+    transfer.on_commit = [&, told, at_commit](const std::string&) {
+      ++*told;
+      *at_commit = source.store().GetStats(id, false).status();
+    };
+    absl::Notification done;
+    TransferOutcome outcome;
+    coordinator.Send(std::move(transfer), [&](const TransferOutcome& o) {
+      outcome = o;
+      done.Notify();
+    });
+    EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(90)));
+    return outcome.status;
+  };
+  int told = 0;
+  absl::Status at_commit = absl::UnknownError("not told");
+  EXPECT_FALSE(send(full.address(), &told, &at_commit).ok());
+  EXPECT_EQ(told, 0);
+  EXPECT_TRUE(source.store().GetStats(id, false).ok());  // still serving here
+
+  const absl::Status sent = send(target.address(), &told, &at_commit);
+  ASSERT_TRUE(sent.ok()) << sent;
+  EXPECT_EQ(told, 1);
+  EXPECT_TRUE(at_commit.ok())
+      << "told after the session closed here: " << at_commit;
+  EXPECT_EQ(source.store().GetStats(id, false).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_TRUE(target.store().GetStats(id, false).ok());
+}
+
 TEST(TransferTest, AChildOfAPrefixKeepsItsProtectedTokensWhenMoved) {
   Store source(256), target(256);
   absl::StatusOr<client::Session> parent =
