@@ -55,14 +55,14 @@ class KiviKeys {
                     PageMemory& memory, DType out_type, void* out) const;
 
   // Host bytes of the staging (counted in the session's resident bytes),
-  // and the most it can hold: a page of float32 keys per layer.
+  // and the most it can hold: an open page per layer
+  // (KiviOpenPage::OpenBytes).
   int64_t staging_bytes() const;
   int64_t max_staging_bytes() const {
     return MaxStagingBytes(layout_, static_cast<int32_t>(open_.size()));
   }
   static int64_t MaxStagingBytes(const PageLayout& layout, int32_t layers) {
-    return int64_t{layers} * layout.page_tokens * layout.token_elements() *
-           int64_t{sizeof(float)};
+    return int64_t{layers} * KiviOpenPage::OpenBytes(layout);
   }
   // The batch has run: the blocks it borrowed are released.
   void BatchDone();

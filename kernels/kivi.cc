@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
 
 namespace kvkeep {
 namespace {
@@ -127,35 +128,135 @@ void WidenKiviKeyHead(const PageLayout& layout, const std::byte* in,
   }
 }
 
-void KiviOpenPage::Reset(const float* keys, int32_t n) {
+void KiviOpenPage::Clear() {
   keys_.clear();
-  if (n == 0) {
-    keys_.shrink_to_fit();
-    return;
-  }
+  keys_.shrink_to_fit();
+  block_.clear();
+  block_.shrink_to_fit();
+  channels_.clear();
+  channels_.shrink_to_fit();
+  coded_ = false;
+}
+
+void KiviOpenPage::Open() {
+  // A whole page's room at once, so the bytes held are OpenBytes while a
+  // page is open and none once it is full.
+  keys_.clear();
   keys_.reserve(
       static_cast<size_t>(layout_.page_tokens * layout_.token_elements()));
+  block_.assign(static_cast<size_t>(layout_.key_block_bytes()), std::byte{0});
+  channels_.assign(static_cast<size_t>(layout_.token_elements()), Channel{});
+  coded_ = false;
+}
+
+void KiviOpenPage::Reset(const float* keys, int32_t n) {
+  if (n == 0) {
+    Clear();
+    return;
+  }
+  Open();
   keys_.assign(keys, keys + n * layout_.token_elements());
 }
 
-KiviResult KiviOpenPage::Append(const float* keys, int32_t n,
-                                std::byte* block) {
-  const size_t before = keys_.size();
-  // A whole page's room at once, so the bytes held are page_tokens tokens'
-  // while a page is open and none once it is full.
-  keys_.reserve(
-      static_cast<size_t>(layout_.page_tokens * layout_.token_elements()));
-  keys_.insert(keys_.end(), keys, keys + n * layout_.token_elements());
-  const KiviResult r = QuantizeKiviKeys(layout_, keys_.data(), tokens(), block);
-  if (!r.ok()) {
-    keys_.resize(before);
-    return KiviResult{r.error, r.token, r.channel};
+KiviResult KiviOpenPage::QuantizeAll() {
+  const KiviResult r =
+      QuantizeKiviKeys(layout_, keys_.data(), tokens(), block_.data());
+  if (!r.ok()) return r;
+  const int64_t e_count = layout_.token_elements();
+  const auto* block = reinterpret_cast<const uint8_t*>(block_.data());
+  for (int64_t c = 0; c < e_count; ++c) {
+    channels_[c] = Channel{0.0f, 0.0f, ChannelScale(layout_, block, c)};
   }
-  if (tokens() == layout_.page_tokens) {
-    keys_.clear();
-    keys_.shrink_to_fit();
+  for (int32_t t = 0; t < tokens(); ++t) {
+    const float* row = keys_.data() + t * e_count;
+    for (int64_t c = 0; c < e_count; ++c) {
+      channels_[c].lo = std::min(channels_[c].lo, row[c]);
+      channels_[c].hi = std::max(channels_[c].hi, row[c]);
+    }
   }
+  coded_ = true;
   return r;
+}
+
+void KiviOpenPage::CodeIncrementally(int32_t old,
+                                     std::span<const Change> changed) {
+  const int64_t e_count = layout_.token_elements();
+  const int64_t code_bytes = layout_.code_bytes();
+  auto* block = reinterpret_cast<uint8_t*>(block_.data());
+  for (const Change& change : changed) {
+    const int64_t c = change.channel;
+    block[layout_.key_scales_offset() + 2 * c] =
+        static_cast<uint8_t>(change.bits & 0xffu);
+    block[layout_.key_scales_offset() + 2 * c + 1] =
+        static_cast<uint8_t>(change.bits >> 8);
+    block[layout_.key_zeros_offset() + c] = static_cast<uint8_t>(change.zero);
+    // Channel c is the low nibble of byte c / 2 when c is even.
+    const int shift = c % 2 == 0 ? 0 : 4;
+    for (int32_t t = 0; t < old; ++t) {
+      uint8_t& byte = block[t * code_bytes + c / 2];
+      const int32_t code = CodeOf(kSpec, keys_[t * e_count + c],
+                                  channels_[c].scale, change.zero);
+      byte = static_cast<uint8_t>((byte & (0xf0u >> shift)) | code << shift);
+    }
+  }
+  for (int32_t t = old; t < tokens(); ++t) {
+    const float* row = keys_.data() + t * e_count;
+    uint8_t* codes = block + t * code_bytes;
+    for (int64_t i = 0; i < code_bytes; ++i) {  // channels 2i and 2i + 1
+      const int64_t c = 2 * i;
+      codes[i] =
+          static_cast<uint8_t>(CodeOf(kSpec, row[c], channels_[c].scale,
+                                      ChannelZero(layout_, block, c)) |
+                               CodeOf(kSpec, row[c + 1], channels_[c + 1].scale,
+                                      ChannelZero(layout_, block, c + 1))
+                                   << 4);
+    }
+  }
+}
+
+KiviResult KiviOpenPage::Append(const float* keys, int32_t n, std::byte* out) {
+  const int64_t e_count = layout_.token_elements();
+  const int32_t old = tokens();
+  if (old == 0) Open();
+  // The channels the new tokens change, and their new scales and zero
+  // points, found before anything is kept. `whole`: the page is quantised
+  // at once instead (nothing coded yet, or keys that cannot be quantised,
+  // whose error that finds and reports).
+  bool whole = !coded_;
+  std::vector<Channel> next = whole ? std::vector<Channel>() : channels_;
+  std::vector<Change> changed;
+  for (int32_t t = 0; t < n && !whole; ++t) {
+    const float* row = keys + t * e_count;
+    for (int64_t c = 0; c < e_count; ++c) {
+      const float x = row[c];
+      whole = whole || !(x - x == 0.0f);
+      next[c].lo = x < next[c].lo ? x : next[c].lo;
+      next[c].hi = x > next[c].hi ? x : next[c].hi;
+    }
+  }
+  for (int64_t c = 0; c < e_count && !whole; ++c) {
+    if (next[c].lo == channels_[c].lo && next[c].hi == channels_[c].hi) {
+      continue;
+    }
+    Change& change = changed.emplace_back(Change{c});
+    whole = GroupScale(kSpec, next[c].lo, next[c].hi, &change.bits,
+                       &next[c].scale, &change.zero) != QuantError::kOk;
+  }
+  const size_t before = keys_.size();
+  keys_.insert(keys_.end(), keys, keys + n * e_count);
+  if (whole) {
+    if (const KiviResult r = QuantizeAll(); !r.ok()) {
+      keys_.resize(before);
+      if (old == 0) Clear();
+      return r;
+    }
+  } else {
+    channels_ = std::move(next);
+    CodeIncrementally(old, changed);
+  }
+  std::memcpy(out, block_.data(), block_.size());
+  if (tokens() == layout_.page_tokens) Clear();
+  return KiviResult{};
 }
 
 }  // namespace kvkeep

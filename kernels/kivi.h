@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "kernels/page_layout.h"
@@ -51,6 +52,13 @@ void WidenKiviKeyHead(const PageLayout& layout, const std::byte* block,
 // The open (last, partly filled) page of a layer: the exact float32 keys of
 // its tokens, from which its block is quantised again as it fills. Owned by
 // one session's layer; not thread-safe.
+//
+// An append re-codes only what it changes: the page keeps its block as last
+// written and each channel's range, so a channel whose range the new
+// tokens leave as it was keeps its scale, zero point and codes, and only
+// the new rows are coded; a channel whose range grows is re-coded whole.
+// The block is byte for byte what quantising the page's tokens at once
+// writes (a code depends only on its key and its channel's range).
 class KiviOpenPage {
  public:
   explicit KiviOpenPage(const PageLayout& layout) : layout_(layout) {}
@@ -59,10 +67,18 @@ class KiviOpenPage {
   int32_t tokens() const {
     return static_cast<int32_t>(keys_.size() / layout_.token_elements());
   }
-  // Bytes held, for the session's resident-bytes accounting: a whole
-  // page's float32 keys while the page is open, 0 otherwise.
+  // Bytes held, for the session's resident-bytes accounting: OpenBytes
+  // while a page is open, 0 otherwise.
   int64_t bytes() const {
-    return static_cast<int64_t>(keys_.capacity() * sizeof(float));
+    return keys_.capacity() == 0 ? 0 : OpenBytes(layout_);
+  }
+  // What an open page holds: a whole page's float32 keys, its block, and
+  // each channel's range and scale.
+  static int64_t OpenBytes(const PageLayout& layout) {
+    return layout.page_tokens * layout.token_elements() *
+               int64_t{sizeof(float)} +
+           layout.key_block_bytes() +
+           layout.token_elements() * int64_t{sizeof(Channel)};
   }
   const float* keys() const { return keys_.data(); }
 
@@ -74,8 +90,38 @@ class KiviOpenPage {
   KiviResult Append(const float* keys, int32_t n, std::byte* block);
 
  private:
+  // A channel's range over the tokens held (it holds 0) and its scale.
+  struct Channel {
+    float lo = 0.0f;
+    float hi = 0.0f;
+    float scale = 0.0f;
+  };
+  // A channel whose range an append changed, with its new scale's bits and
+  // zero point.
+  struct Change {
+    int64_t channel = 0;
+    uint16_t bits = 0;
+    int32_t zero = 0;
+  };
+  // Writes the changed channels' scales and zero points and re-codes them
+  // in the first `old` rows, then codes the rows from `old` on (channels_
+  // already holds the new scales).
+  void CodeIncrementally(int32_t old, std::span<const Change> changed);
+  // Quantises every held token into block_ and sets channels_ from it.
+  KiviResult QuantizeAll();
+  // Room for a new page, nothing held or coded yet.
+  void Open();
+  // Drops every token and what was kept of them.
+  void Clear();
+
   PageLayout layout_;
   std::vector<float> keys_;  // [tokens()][E]
+  // While a page is open: its block as last written and, when `coded_`,
+  // each channel's range and scale in it (after Reset they are made again
+  // at the next append).
+  std::vector<std::byte> block_;
+  std::vector<Channel> channels_;
+  bool coded_ = false;
 };
 
 }  // namespace kvkeep

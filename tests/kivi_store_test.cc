@@ -179,8 +179,11 @@ TEST(KiviStoreTest, ResidentBytesCountPagesAndStaging) {
   KV_ASSERT_OK(Append(*store, id, kKivi, 0, 9).status());
   KV_ASSIGN_OR_FAIL(SessionStats open, store->GetStats(id));
   EXPECT_EQ(open.pages, 2 * 3);
-  // Each layer's open page (1 token) keeps a page of float32 keys.
-  EXPECT_EQ(open.bytes, 6 * 944 + 2 * 4 * 128 * 4);
+  // Each layer's open page (1 token) keeps a page of float32 keys, its key
+  // block (4 rows of 64 bytes, 128 scales and zero points) and 12 bytes a
+  // channel (its range and scale).
+  EXPECT_EQ(open.bytes,
+            6 * 944 + 2 * (4 * 128 * 4 + 4 * 64 + 128 * 3 + 128 * 12));
   KV_ASSERT_OK(Append(*store, id, kKivi, 9, 3).status());
   KV_ASSIGN_OR_FAIL(SessionStats full, store->GetStats(id));
   EXPECT_EQ(full.bytes, 6 * 944);  // every page full: no staging

@@ -254,6 +254,63 @@ TEST(KiviOpenPageTest, RequantisingAsItFillsEqualsQuantisingAtOnce) {
   EXPECT_EQ(open.bytes(), 0);
 }
 
+// Appends re-code only the channels whose range they change; the block must
+// still be what quantising the page's tokens at once writes, through pages
+// of appends of every size, Resets to other tokens part way (as compaction
+// does), refusals (which keep the state as it was) and channels that stay
+// 0 (scale 0) until a late token.
+TEST(KiviOpenPageTest, IncrementalCodingEqualsQuantisingAtOnceThroughResets) {
+  const PageLayout l = Layout(8, 2, 64);
+  const int64_t e_count = l.token_elements();
+  std::mt19937 rng(17);
+  std::vector<float> pool = Gaussian(400 * e_count, 19);
+  for (int64_t t = 0; t < 400; ++t) {
+    for (int64_t c = 0; c < e_count; ++c) {
+      float& x = pool[t * e_count + c];
+      if (c % 7 == 3 && t % 8 < 5) x = 0.0f;  // zero until the page's 6th
+      x *= 1.0f + static_cast<float>(t % 8);  // ranges that keep growing
+    }
+  }
+  KiviOpenPage open(l);
+  std::vector<float> held;  // the page's tokens, as the test sees them
+  std::vector<std::byte> block(l.key_block_bytes());
+  int64_t next = 0;
+  for (int step = 0; step < 200 && next < 390; ++step) {
+    const int32_t have = static_cast<int32_t>(held.size() / e_count);
+    const int kind = static_cast<int>(rng() % 8);
+    if (kind == 0 && have > 0) {  // compaction's Reset: other tokens
+      const int32_t n = 1 + static_cast<int32_t>(rng() % (l.page_tokens - 1));
+      held.assign(pool.begin() + next * e_count,
+                  pool.begin() + (next + n) * e_count);
+      open.Reset(held.data(), n);
+      next += n;
+      continue;
+    }
+    const int32_t n =
+        1 + static_cast<int32_t>(rng() %
+                                 static_cast<uint32_t>(l.page_tokens - have));
+    std::vector<float> keys(pool.begin() + next * e_count,
+                            pool.begin() + (next + n) * e_count);
+    if (kind == 1) {  // refused: nothing changes
+      keys[(n - 1) * e_count + 5] = std::numeric_limits<float>::quiet_NaN();
+      const std::vector<std::byte> before = block;
+      EXPECT_FALSE(open.Append(keys.data(), n, block.data()).ok());
+      EXPECT_EQ(block, before);
+      EXPECT_EQ(open.tokens(), have);
+      continue;
+    }
+    ASSERT_TRUE(open.Append(keys.data(), n, block.data()).ok());
+    held.insert(held.end(), keys.begin(), keys.end());
+    next += n;
+    const int32_t now = static_cast<int32_t>(held.size() / e_count);
+    ASSERT_EQ(block, Block(l, held.data(), now))
+        << "step " << step << ", " << now << " tokens";
+    if (now == l.page_tokens) held.clear();
+    EXPECT_EQ(open.tokens(), static_cast<int32_t>(held.size() / e_count));
+    EXPECT_EQ(open.bytes(), held.empty() ? 0 : KiviOpenPage::OpenBytes(l));
+  }
+}
+
 TEST(KiviOpenPageTest, NonFiniteKeysAreRefusedAndNothingChanges) {
   const PageLayout l = Layout(4, 1, 64);
   std::vector<float> keys = Gaussian(3 * 64, 5);
