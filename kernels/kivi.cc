@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <span>
 
 namespace kvkeep {
 namespace {
@@ -178,24 +177,41 @@ KiviResult KiviOpenPage::QuantizeAll() {
   return r;
 }
 
-void KiviOpenPage::CodeIncrementally(int32_t old,
-                                     std::span<const Change> changed) {
+bool KiviOpenPage::CodeIncrementally(int32_t old) {
   const int64_t e_count = layout_.token_elements();
+  for (size_t i = static_cast<size_t>(old * e_count); i < keys_.size(); ++i) {
+    if (!(keys_[i] - keys_[i] == 0.0f)) return false;  // NaN or +-inf
+  }
   const int64_t code_bytes = layout_.code_bytes();
   auto* block = reinterpret_cast<uint8_t*>(block_.data());
-  for (const Change& change : changed) {
-    const int64_t c = change.channel;
+  for (int64_t c = 0; c < e_count; ++c) {
+    Channel& channel = channels_[c];
+    float lo = channel.lo, hi = channel.hi;
+    for (int32_t t = old; t < tokens(); ++t) {
+      const float x = keys_[t * e_count + c];
+      lo = x < lo ? x : lo;
+      hi = x > hi ? x : hi;
+    }
+    if (lo == channel.lo && hi == channel.hi) continue;
+    uint16_t bits;
+    int32_t zero;
+    if (GroupScale(kSpec, lo, hi, &bits, &channel.scale, &zero) !=
+        QuantError::kOk) {
+      return false;
+    }
+    channel.lo = lo;
+    channel.hi = hi;
     block[layout_.key_scales_offset() + 2 * c] =
-        static_cast<uint8_t>(change.bits & 0xffu);
+        static_cast<uint8_t>(bits & 0xffu);
     block[layout_.key_scales_offset() + 2 * c + 1] =
-        static_cast<uint8_t>(change.bits >> 8);
-    block[layout_.key_zeros_offset() + c] = static_cast<uint8_t>(change.zero);
+        static_cast<uint8_t>(bits >> 8);
+    block[layout_.key_zeros_offset() + c] = static_cast<uint8_t>(zero);
     // Channel c is the low nibble of byte c / 2 when c is even.
     const int shift = c % 2 == 0 ? 0 : 4;
     for (int32_t t = 0; t < old; ++t) {
       uint8_t& byte = block[t * code_bytes + c / 2];
-      const int32_t code = CodeOf(kSpec, keys_[t * e_count + c],
-                                  channels_[c].scale, change.zero);
+      const int32_t code =
+          CodeOf(kSpec, keys_[t * e_count + c], channel.scale, zero);
       byte = static_cast<uint8_t>((byte & (0xf0u >> shift)) | code << shift);
     }
   }
@@ -212,47 +228,23 @@ void KiviOpenPage::CodeIncrementally(int32_t old,
                                    << 4);
     }
   }
+  return true;
 }
 
 KiviResult KiviOpenPage::Append(const float* keys, int32_t n, std::byte* out) {
-  const int64_t e_count = layout_.token_elements();
   const int32_t old = tokens();
   if (old == 0) Open();
-  // The channels the new tokens change, and their new scales and zero
-  // points, found before anything is kept. `whole`: the page is quantised
-  // at once instead (nothing coded yet, or keys that cannot be quantised,
-  // whose error that finds and reports).
-  bool whole = !coded_;
-  std::vector<Channel> next = whole ? std::vector<Channel>() : channels_;
-  std::vector<Change> changed;
-  for (int32_t t = 0; t < n && !whole; ++t) {
-    const float* row = keys + t * e_count;
-    for (int64_t c = 0; c < e_count; ++c) {
-      const float x = row[c];
-      whole = whole || !(x - x == 0.0f);
-      next[c].lo = x < next[c].lo ? x : next[c].lo;
-      next[c].hi = x > next[c].hi ? x : next[c].hi;
-    }
-  }
-  for (int64_t c = 0; c < e_count && !whole; ++c) {
-    if (next[c].lo == channels_[c].lo && next[c].hi == channels_[c].hi) {
-      continue;
-    }
-    Change& change = changed.emplace_back(Change{c});
-    whole = GroupScale(kSpec, next[c].lo, next[c].hi, &change.bits,
-                       &next[c].scale, &change.zero) != QuantError::kOk;
-  }
-  const size_t before = keys_.size();
-  keys_.insert(keys_.end(), keys, keys + n * e_count);
-  if (whole) {
+  keys_.insert(keys_.end(), keys, keys + n * layout_.token_elements());
+  if (!(coded_ && CodeIncrementally(old))) {
+    // Nothing coded yet, or keys that cannot be quantised: the page at once,
+    // which finds and reports the error. Then nothing is kept, and the
+    // channels (perhaps half updated) are made again at the next append.
     if (const KiviResult r = QuantizeAll(); !r.ok()) {
-      keys_.resize(before);
+      keys_.resize(static_cast<size_t>(old * layout_.token_elements()));
+      coded_ = false;
       if (old == 0) Clear();
       return r;
     }
-  } else {
-    channels_ = std::move(next);
-    CodeIncrementally(old, changed);
   }
   std::memcpy(out, block_.data(), block_.size());
   if (tokens() == layout_.page_tokens) Clear();

@@ -16,7 +16,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <span>
 #include <vector>
 
 #include "kernels/page_layout.h"
@@ -96,17 +95,11 @@ class KiviOpenPage {
     float hi = 0.0f;
     float scale = 0.0f;
   };
-  // A channel whose range an append changed, with its new scale's bits and
-  // zero point.
-  struct Change {
-    int64_t channel = 0;
-    uint16_t bits = 0;
-    int32_t zero = 0;
-  };
-  // Writes the changed channels' scales and zero points and re-codes them
-  // in the first `old` rows, then codes the rows from `old` on (channels_
-  // already holds the new scales).
-  void CodeIncrementally(int32_t old, std::span<const Change> changed);
+  // Codes the rows from `old` on into block_, first re-coding whole every
+  // channel whose range they widen (its scale, zero point and first `old`
+  // rows). False, with block_ and channels_ perhaps half written, if a new
+  // key is not finite or a range does not fit a binary16 scale.
+  bool CodeIncrementally(int32_t old);
   // Quantises every held token into block_ and sets channels_ from it.
   KiviResult QuantizeAll();
   // Room for a new page, nothing held or coded yet.
@@ -117,8 +110,8 @@ class KiviOpenPage {
   PageLayout layout_;
   std::vector<float> keys_;  // [tokens()][E]
   // While a page is open: its block as last written and, when `coded_`,
-  // each channel's range and scale in it (after Reset they are made again
-  // at the next append).
+  // each channel's range and scale in it (after Reset or a refused append
+  // they are made again at the next append).
   std::vector<std::byte> block_;
   std::vector<Channel> channels_;
   bool coded_ = false;

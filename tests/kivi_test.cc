@@ -335,6 +335,17 @@ TEST(KiviOpenPageTest, NonFiniteKeysAreRefusedAndNothingChanges) {
   EXPECT_EQ(open.Append(wide.data(), 1, block.data()).error,
             QuantError::kOutOfRange);
   EXPECT_EQ(block, before);
+  // The same in the last channel, after the others' ranges have grown (an
+  // append may have re-coded them before it found it): the page goes on as
+  // if the refused appends never came.
+  std::vector<float> late(keys.begin() + 128, keys.end());
+  for (int c = 0; c < 63; ++c) late[c] *= 8.0f;
+  late[63] = 65504.0f * 16;
+  EXPECT_EQ(open.Append(late.data(), 1, block.data()).error,
+            QuantError::kOutOfRange);
+  EXPECT_EQ(block, before);
+  ASSERT_TRUE(open.Append(keys.data() + 128, 1, block.data()).ok());
+  EXPECT_EQ(block, Block(l, keys.data(), 3));
 }
 
 // Query scoring on kivi pages (the key of slot s read from its page's block)

@@ -219,9 +219,6 @@ TEST(TransferTest, TheLeaseTravelsWithTheSession) {
   EXPECT_EQ(there->idle_timeout_seconds(), 123);
 }
 
-// A session started from a named prefix protects the prefix's tokens
-// (PolicySpec.protect_first); moved to another store, it still does: the
-// target keeps every prefix token resident however much it evicts after.
 // A committed move is told (OutgoingTransfer::on_commit) before the session
 // closes here, so that a call which finds it gone can already be told where
 // it went (a draining replica's redirect, docs/fleet.md); a move that fails
@@ -270,6 +267,9 @@ TEST(TransferTest, TheCommitIsToldBeforeTheSessionClosesHere) {
   EXPECT_TRUE(target.store().GetStats(id, false).ok());
 }
 
+// A session started from a named prefix protects the prefix's tokens
+// (PolicySpec.protect_first); moved to another store, it still does: the
+// target keeps every prefix token resident however much it evicts after.
 TEST(TransferTest, AChildOfAPrefixKeepsItsProtectedTokensWhenMoved) {
   Store source(256), target(256);
   absl::StatusOr<client::Session> parent =
