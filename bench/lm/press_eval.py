@@ -154,7 +154,16 @@ def answer_logprob(model, cache, context_len, question_ids, answer_ids):
     ids = torch.tensor([question_ids + answer_ids])
     pos = torch.arange(context_len, context_len + ids.shape[1]).unsqueeze(0)
     with torch.no_grad():
-        logits = model(input_ids=ids, past_key_values=cache, position_ids=pos).logits[0]
+        if len({layer.keys.shape[-2] for layer in cache.layers}) == 1:
+            logits = model(input_ids=ids, past_key_values=cache,
+                           position_ids=pos).logits[0]
+        else:  # PyramidKV: each layer its own length, which no one causal
+            # mask fits (kvpress's generate_answer fails so on a question of
+            # several tokens); a token at a time needs no mask.
+            logits = torch.cat([
+                model(input_ids=ids[:, i:i + 1], past_key_values=cache,
+                      position_ids=pos[:, i:i + 1]).logits[0]
+                for i in range(ids.shape[1])])
     logp = torch.log_softmax(logits.double(), dim=-1)
     q = len(question_ids)
     return float(sum(logp[q - 1 + j, a] for j, a in enumerate(answer_ids)))
@@ -178,7 +187,13 @@ def run_task(pipe, model, press_name, kept, ids):
         lengths = [cache.get_seq_length(i) for i in range(len(cache))]
         logprob = answer_logprob(model, cache, len(ctx), question, answer)
         pipe._remove_answer_from_cache(cache, lengths)
-        text = pipe.generate_answer(torch.tensor([question]), cache, len(ctx),
+        q, start = question, len(ctx)
+        if len(set(lengths)) > 1:  # PyramidKV: see answer_logprob
+            for i, t in enumerate(q[:-1]):
+                model(input_ids=torch.tensor([[t]]), past_key_values=cache,
+                      position_ids=torch.tensor([[start + i]]))
+            q, start = q[-1:], start + len(q) - 1
+        text = pipe.generate_answer(torch.tensor([q]), cache, start,
                                     MAX_NEW_TOKENS)
     for layer in model.model.layers:  # AdaKV's mask must not outlive its cache
         layer.self_attn.masked_key_indices = None
