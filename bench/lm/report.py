@@ -433,22 +433,57 @@ def versus_rows(answers, press, budget):
     return [r for r in ours + theirs if r["id"] in both]
 
 
-def versus_md(rows, budget):
-    lengths = sorted({r["length"] for r in rows})
-    n = len({r["id"] for r in rows})
-    out = [f"### kvkeep and kvpress on the same {n} passkey tasks, "
-           f"{budget} of the context kept: exact match (mean KV MiB held)\n",
-           "| side | method | " + " | ".join(f"{l} tokens" for l in lengths)
-           + " | all |", "|---|---|" + "---:|" * (len(lengths) + 1)]
+def budget_versus_rows(answers, press):
+    """The methods that ran at every budget, and the full caches, on the
+    passkey tasks that every (side, budget) answered: the budget sweep's."""
+    rows = [dict(r, side="kvkeep", method=r["variant"]) for r in answers
+            if r["task"] == "passkey"] + [r for r in press
+                                          if r["task"] == "passkey"]
+    budgets = {r["budget"] for r in rows if r["budget"] != "all"}
+    if len(budgets) < 2:
+        return []
+    ids = None
+    for side in ("kvkeep", "kvpress"):
+        for b in budgets:
+            have = {r["id"] for r in rows
+                    if r["side"] == side and r["budget"] == b}
+            ids = have if ids is None else ids & have
+    rows = [r for r in rows if r["id"] in ids]
+    # The methods that ran at every budget, and the full caches.
+    swept = {(r["side"], r["method"]) for r in rows if r["budget"] == "all"}
+    for side, method in methods_in_order(rows):
+        if {r["budget"] for r in rows if (r["side"], r["method"]) ==
+                (side, method)} >= budgets:
+            swept.add((side, method))
+    return [r for r in rows if (r["side"], r["method"]) in swept]
+
+
+def by_share(budgets):
+    """"10%", "25%", ... in order, "all" (the full cache) last."""
+    return sorted(budgets, key=lambda b: float("inf") if b == "all"
+                  else float(b.rstrip("%")))
+
+
+def methods_in_order(rows):
     methods = []
     for r in rows:
         if (r["side"], r["method"]) not in methods:
             methods.append((r["side"], r["method"]))
-    for side, method in methods:
+    return methods
+
+
+def versus_md(rows, title, column, values, header, total=True):
+    """Exact match (mean KV MiB held) per side and method, one column per
+    value of row[column] (and over all of them when total)."""
+    out = [title + "\n",
+           "| side | method | " + " | ".join(map(header, values))
+           + (" | all |" if total else " |"),
+           "|---|---|" + "---:|" * (len(values) + total)]
+    for side, method in methods_in_order(rows):
         cells = []
-        for l in lengths + [None]:
+        for v in values + ([None] if total else []):
             g = [r for r in rows if r["side"] == side and r["method"] == method
-                 and (l is None or r["length"] == l)]
+                 and (v is None or r[column] == v)]
             cells.append(f"{sum(r['exact'] for r in g) / len(g):.2f} "
                          f"({sum(r['resident_kv_bytes'] for r in g) / len(g) / 2**20:.1f})"
                          if g else "–")
@@ -456,35 +491,28 @@ def versus_md(rows, budget):
     return "\n".join(out) + "\n"
 
 
-def versus_png(rows, out_dir, budget):
-    """Accuracy against the KV bytes held, every method a point per length:
-    kvkeep filled, kvpress open."""
-    methods = []
-    for r in rows:
-        if (r["side"], r["method"]) not in methods:
-            methods.append((r["side"], r["method"]))
-    lengths = sorted({r["length"] for r in rows})
-    data = os.path.join(out_dir, "versus.dat")
+def versus_png(rows, png, column, values, title):
+    """Accuracy against the KV bytes held, every method a point per value of
+    row[column] (a length, a budget): kvkeep filled, kvpress open."""
+    methods = methods_in_order(rows)
+    data = png + ".dat"
     with open(data, "w") as f:
         for side, method in methods:
             f.write(f"# {side} {method}\n")
-            for l in lengths:
+            for v in values:
                 g = [r for r in rows if r["side"] == side and
-                     r["method"] == method and r["length"] == l]
+                     r["method"] == method and r[column] == v]
                 if g:
                     f.write(f"{sum(r['resident_kv_bytes'] for r in g) / len(g) / 2**20} "
                             f"{sum(r['exact'] for r in g) / len(g)}\n")
             f.write("\n\n")
-    png = os.path.join(out_dir, "passkey_vs_kvpress.png")
     lines = [
         'set terminal pngcairo size 1000,650 font ",11" noenhanced',
         f"set output '{png}'", "set logscale x", "set grid",
         "set yrange [-0.05:1.05]",
-        "set xlabel 'KV held when the question is asked (MiB, mean per length)'",
+        f"set xlabel 'KV held when the question is asked (MiB, mean per {column})'",
         "set ylabel 'passkey exact match'", "set key outside right top",
-        f"set title 'Passkey at {budget} of the context (lines join the "
-        f"lengths {', '.join(map(str, lengths))}): kvkeep filled, "
-        "kvpress open'"]
+        f"set title '{title}: kvkeep filled, kvpress open'"]
     plots = []
     for i, (side, method) in enumerate(methods):
         # gnuplot's filled/open pairs: circle, square, triangles, diamond,
@@ -496,6 +524,44 @@ def versus_png(rows, out_dir, budget):
     lines.append("plot " + ", \\\n  ".join(plots))
     gnuplot("\n".join(lines) + "\n")
     os.remove(data)
+
+
+def write_versus(out_dir, answers, press, budget):
+    """passkey_vs_kvpress.* (both sides at `budget`, by length) and
+    passkey_budgets_vs_kvpress.* (the budget sweep, both sides)."""
+    fields = ["side", "method", "id", "length", "budget", "exact",
+              "answer_logprob", "resident_kv_bytes"]
+    rows = versus_rows(answers, press, budget)
+    if rows:
+        name = os.path.join(out_dir, "passkey_vs_kvpress")
+        write_csv(name + ".csv", rows, fields)
+        lengths = sorted({r["length"] for r in rows})
+        n = len({r["id"] for r in rows})
+        open(name + ".md", "w").write(versus_md(
+            rows, f"### kvkeep and kvpress on the same {n} passkey tasks, "
+            f"{budget} of the context kept: exact match (mean KV MiB held)",
+            "length", lengths, lambda l: f"{l} tokens"))
+        versus_png(rows, name + ".png", "length", lengths,
+                   f"Passkey at {budget} of the context (lines join the "
+                   f"lengths {', '.join(map(str, lengths))})")
+    rows = budget_versus_rows(answers, press)
+    if rows:
+        name = os.path.join(out_dir, "passkey_budgets_vs_kvpress")
+        write_csv(name + ".csv", rows, fields)
+        budgets = by_share({r["budget"] for r in rows})
+        lengths = sorted({r["length"] for r in rows})
+        depths = sorted({r["id"].split("-d")[1].split("-")[0] for r in rows})
+        n = len({r["id"] for r in rows})
+        open(name + ".md", "w").write(versus_md(
+            rows, f"### kvkeep and kvpress by budget on the same {n} passkey "
+            f"tasks ({', '.join(map(str, lengths))} tokens, depths "
+            f"{', '.join(depths)}): exact match (mean KV MiB held)",
+            "budget", budgets,
+            lambda b: "full cache" if b == "all" else f"{b} kept", total=False))
+        versus_png(rows, name + ".png", "budget", budgets,
+                   f"Passkey by budget, {n} tasks of "
+                   f"{', '.join(map(str, lengths))} tokens (lines join the "
+                   "budgets)")
 
 
 def main():
@@ -530,15 +596,8 @@ def main():
         if budget_md:
             open(os.path.join(a.out, "passkey_budgets.md"), "w").write(
                 budget_md)
-        versus = versus_rows(answers, press_rows(
+        write_versus(a.out, answers, press_rows(
             os.path.join(a.out, "press_tasks.csv")), a.heatmap_budget)
-        if versus:
-            write_csv(os.path.join(a.out, "passkey_vs_kvpress.csv"), versus,
-                      ["side", "method", "id", "length", "budget", "exact",
-                       "answer_logprob", "resident_kv_bytes"])
-            open(os.path.join(a.out, "passkey_vs_kvpress.md"), "w").write(
-                versus_md(versus, a.heatmap_budget))
-            versus_png(versus, a.out, a.heatmap_budget)
     conv = [r for r in answers if r["task"] == "conversation"]
     if conv:
         cells = summarise(conv, ["positions", "run", "variant", "budget",
