@@ -146,7 +146,8 @@ perplexity cache "$ppl_cache_policies" "$ppl_cache_budgets"
 # Each (task, run) is one line of answers-NAME.jsonl and each (task, press)
 # one row of press_tasks.csv; without --resume they start empty.
 [ $resume = 1 ] || rm -f "$raw"/answers-*.jsonl "$out"/press_tasks.csv \
-  "$out"/press_baseline.csv "$out"/press_perplexity.csv
+  "$out"/press_baseline.csv "$out"/press_perplexity.csv \
+  "$out"/press_perplexity_ordered.csv
 press_ok=0
 if [ $press = 1 ] && [ -f bench/lm/press_eval.py ] && [ -x scripts/kvpress-env ]; then
   press_ok=1
@@ -219,6 +220,17 @@ if [ $press_ok = 1 ]; then
       --presses=streaming_llm,tova,knorm --no_full --budgets=256 \
       --max_tokens=$ppl_tokens --out="$out/press_perplexity.csv.part"
     mv "$out/press_perplexity.csv.part" "$out/press_perplexity.csv"
+  fi
+  if [ $quick = 0 ] && ! finished "$out/press_perplexity_ordered.csv"; then
+    stage "kvpress: DecodingPress(StreamingLLM) with its slots kept in order"
+    # kvpress as shipped reorders the slots StreamingLLM keeps by index
+    # (NVIDIA/kvpress#173, docs/kvpress.md); --keep_order is the press as
+    # its paper means it, the one to set beside kvkeep's streaming_llm.
+    "$py" bench/lm/press_eval.py perplexity --text="$text" --keep_order \
+      --presses=streaming_llm --no_full --budgets=256 \
+      --max_tokens=$ppl_tokens --out="$out/press_perplexity_ordered.csv.part"
+    mv "$out/press_perplexity_ordered.csv.part" \
+      "$out/press_perplexity_ordered.csv"
   fi
 fi
 
