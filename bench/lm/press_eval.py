@@ -147,23 +147,30 @@ def cache_stats(cache, model):
     return sum(tokens) / len(tokens), held, seen
 
 
-def answer_logprob(model, cache, context_len, question_ids, answer_ids):
+def forward(model, cache, ids, start, one_at_a_time):
+    """The model's logits for `ids` at positions start..., appended to
+    `cache`. one_at_a_time: a token at a time, for a cache whose layers hold
+    different lengths (PyramidKV's), which no one causal mask fits: a
+    question of several tokens then fails in kvpress's own generate_answer;
+    a single token needs no mask."""
+    import torch
+    ids = torch.tensor([ids])
+    pos = torch.arange(start, start + ids.shape[1]).unsqueeze(0)
+    spans = [(i, i + 1) for i in range(ids.shape[1])] if one_at_a_time \
+        else [(0, ids.shape[1])]
+    with torch.no_grad():
+        return torch.cat([model(input_ids=ids[:, a:b], past_key_values=cache,
+                                position_ids=pos[:, a:b]).logits[0]
+                          for a, b in spans])
+
+
+def answer_logprob(model, cache, context_len, question_ids, answer_ids,
+                   one_at_a_time):
     """Teacher-forced log p(answer | compressed context, question), with the
     positions kvpress's pipeline gives the question (context_len onwards)."""
     import torch
-    ids = torch.tensor([question_ids + answer_ids])
-    pos = torch.arange(context_len, context_len + ids.shape[1]).unsqueeze(0)
-    with torch.no_grad():
-        if len({layer.keys.shape[-2] for layer in cache.layers}) == 1:
-            logits = model(input_ids=ids, past_key_values=cache,
-                           position_ids=pos).logits[0]
-        else:  # PyramidKV: each layer its own length, which no one causal
-            # mask fits (kvpress's generate_answer fails so on a question of
-            # several tokens); a token at a time needs no mask.
-            logits = torch.cat([
-                model(input_ids=ids[:, i:i + 1], past_key_values=cache,
-                      position_ids=pos[:, i:i + 1]).logits[0]
-                for i in range(ids.shape[1])])
+    logits = forward(model, cache, question_ids + answer_ids, context_len,
+                     one_at_a_time)
     logp = torch.log_softmax(logits.double(), dim=-1)
     q = len(question_ids)
     return float(sum(logp[q - 1 + j, a] for j, a in enumerate(answer_ids)))
@@ -185,13 +192,13 @@ def run_task(pipe, model, press_name, kept, ids):
             model.model(input_ids=context_ids, past_key_values=cache)
         kept_tokens, held, seen = cache_stats(cache, model)
         lengths = [cache.get_seq_length(i) for i in range(len(cache))]
-        logprob = answer_logprob(model, cache, len(ctx), question, answer)
+        uneven = len(set(lengths)) > 1  # see forward()
+        logprob = answer_logprob(model, cache, len(ctx), question, answer,
+                                 uneven)
         pipe._remove_answer_from_cache(cache, lengths)
         q, start = question, len(ctx)
-        if len(set(lengths)) > 1:  # PyramidKV: see answer_logprob
-            for i, t in enumerate(q[:-1]):
-                model(input_ids=torch.tensor([[t]]), past_key_values=cache,
-                      position_ids=torch.tensor([[start + i]]))
+        if uneven:  # all but the question's last token, one at a time
+            forward(model, cache, q[:-1], start, True)
             q, start = q[-1:], start + len(q) - 1
         text = pipe.generate_answer(torch.tensor([q]), cache, start,
                                     MAX_NEW_TOKENS)

@@ -378,7 +378,7 @@ def passkey_budget_md(rows):
             budgets.append(r["budget"])
     if len(budgets) < 2:
         return ""
-    budgets.sort(key=lambda b: float(b.rstrip("%")))
+    budgets = by_share(budgets)
     ids = None
     for b in budgets:
         have = {r["id"] for r in rows if r["budget"] == b}
@@ -414,6 +414,7 @@ def press_rows(path):
         kept = float(r["kept_fraction"])
         rows.append({
             "id": r["id"], "task": r["task"], "length": int(r["length"]),
+            "depth": float(r["depth"]) if r["depth"] else None,
             "side": "kvpress", "method": r["press"],
             "budget": "all" if r["press"] == "full" else f"{kept * 100:g}%",
             "exact": int(r["exact_match"]),
@@ -550,12 +551,12 @@ def write_versus(out_dir, answers, press, budget):
         write_csv(name + ".csv", rows, fields)
         budgets = by_share({r["budget"] for r in rows})
         lengths = sorted({r["length"] for r in rows})
-        depths = sorted({r["id"].split("-d")[1].split("-")[0] for r in rows})
+        depths = sorted({r["depth"] for r in rows})
         n = len({r["id"] for r in rows})
         open(name + ".md", "w").write(versus_md(
             rows, f"### kvkeep and kvpress by budget on the same {n} passkey "
             f"tasks ({', '.join(map(str, lengths))} tokens, depths "
-            f"{', '.join(depths)}): exact match (mean KV MiB held)",
+            f"{', '.join(map(str, depths))}): exact match (mean KV MiB held)",
             "budget", budgets,
             lambda b: "full cache" if b == "all" else f"{b} kept", total=False))
         versus_png(rows, name + ".png", "budget", budgets,
